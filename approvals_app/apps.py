@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ApprovalsConfig(AppConfig):
+    name = "approvals_app"
+    verbose_name = "Approvals"

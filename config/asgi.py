@@ -1,0 +1,25 @@
+"""ASGI entry point: HTTP through Django, WebSockets through Channels (daphne serves both)."""
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import path  # noqa: E402
+
+from tenancy_app.ws import TenantAuthMiddlewareStack, WhoAmIConsumer  # noqa: E402
+
+websocket_urlpatterns = [
+    path("ws/whoami/", WhoAmIConsumer.as_asgi()),
+]
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": TenantAuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+    }
+)

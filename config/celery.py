@@ -1,0 +1,31 @@
+"""The Celery application (`celery -A config worker`).
+
+Settings live in `config/settings.py` under the `CELERY_` prefix. Agent work is long and
+must survive a worker dying mid-task, hence acks_late + reject_on_worker_lost + prefetch 1.
+Tasks have explicit names and take ids only (STYLE §7).
+"""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("config")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+PING_CACHE_PREFIX = "xagent:ping:"
+
+
+@app.task(name="config.ping", ignore_result=True)
+def ping(nonce: str) -> str:
+    """Prove a worker consumes from the broker: leave `pong` in the shared cache under the nonce.
+
+    The cache (Redis in production, process memory in embedded mode, where the worker
+    shares the web process) is how a caller sees the answer without a result backend.
+    """
+    from django.core.cache import cache
+
+    cache.set(PING_CACHE_PREFIX + nonce, "pong", timeout=60)
+    return "pong"

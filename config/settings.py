@@ -1,0 +1,319 @@
+"""Settings: every value comes from the environment (django-environ), `.env` if present.
+
+Two ways to run (ARCHITECTURE §9), chosen by one fact — whether `REDIS_URL` is set:
+
+* embedded (default, `make run`): SQLite in WAL mode under `var/`, an in-process Celery
+  worker on the in-memory transport, the in-memory channel layer, dev-only secrets.
+* production: `REDIS_URL` is the Celery broker, the channel layer and the cache;
+  `DATABASE_URL` should be PostgreSQL; `SECRET_KEY` and `ALLOWED_HOSTS` must be given.
+
+A bad value stops the process at import with a message naming the variable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import base64
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+env = environ.Env()
+if (BASE_DIR / ".env").is_file():
+    env.read_env(str(BASE_DIR / ".env"), overwrite=False)
+
+
+def _read(name: str, reader, default):
+    """Read one variable; a value that does not parse names the variable in the error."""
+    try:
+        return reader(name, default=default)
+    except (ValueError, TypeError, ImproperlyConfigured, environ.ImproperlyConfigured) as exc:
+        raise ImproperlyConfigured(f"Invalid value for environment variable {name}: {exc}") from exc
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _bool(name: str, default: bool) -> bool:
+    """Strict boolean: "maybe" is an error, not a silent False."""
+    raw = env.str(name, default="").strip().lower() if name in env.ENVIRON else None
+    if raw is None:
+        return default
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"Invalid value for environment variable {name}: {raw!r} is not a boolean (true/false)")
+
+
+def _positive_int(name: str, default: int) -> int:
+    value = _read(name, env.int, default)
+    if value <= 0:
+        raise ImproperlyConfigured(f"Invalid value for environment variable {name}: must be a positive integer")
+    return value
+
+
+REDIS_URL: str = _read("REDIS_URL", env.str, "")
+EMBEDDED = not REDIS_URL
+if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+    raise ImproperlyConfigured(
+        f"Invalid value for environment variable REDIS_URL: {REDIS_URL!r} is not a redis:// URL"
+    )
+
+DEBUG = _bool("DEBUG", EMBEDDED)
+
+_DEV_SECRET_KEY = "embedded-dev-only-" + "x" * 40
+SECRET_KEY = _read("SECRET_KEY", env.str, _DEV_SECRET_KEY if EMBEDDED else "")
+if not SECRET_KEY:
+    raise ImproperlyConfigured(
+        "Environment variable SECRET_KEY is required when REDIS_URL is set (production mode)"
+    )
+
+ALLOWED_HOSTS = _read("ALLOWED_HOSTS", env.list, ["127.0.0.1", "localhost", "[::1]"] if EMBEDDED else [])
+if not ALLOWED_HOSTS:
+    raise ImproperlyConfigured(
+        "Environment variable ALLOWED_HOSTS is required when REDIS_URL is set (production mode)"
+    )
+CSRF_TRUSTED_ORIGINS = _read("CSRF_TRUSTED_ORIGINS", env.list, [])
+
+# --- apps -------------------------------------------------------------------------------
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "tenancy_app",
+    "approvals_app",
+    "skills_app",
+    "tools_app",
+    "sessions_app",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "tenancy_app.context_processors.current_tenant",
+            ],
+        },
+    },
+]
+
+# --- database ---------------------------------------------------------------------------
+
+DATABASES = {"default": _read("DATABASE_URL", env.db_url, f"sqlite:///{VAR_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets readers (web, long polls) run beside the single writer; IMMEDIATE takes
+    # the write lock at BEGIN so two writers queue on the busy timeout instead of
+    # failing mid-transaction with "database is locked".
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+        }
+    )
+    _db_name = str(DATABASES["default"]["NAME"])
+    if _db_name and _db_name != ":memory:":
+        Path(_db_name).parent.mkdir(parents=True, exist_ok=True)
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", _read("CONN_MAX_AGE", env.int, 0))
+    DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- cache, channel layer, celery ---------------------------------------------------------
+
+if EMBEDDED:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "xagent",
+        }
+    }
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": "xagent:channels"},
+        }
+    }
+
+# Consumed by config/celery.py through `config_from_object(..., namespace="CELERY")`.
+CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True  # nothing in the product waits on a task result
+CELERY_WORKER_REDIRECT_STDOUTS = False
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+# A slice of agent work is bounded (ARCHITECTURE §3); the visibility timeout must stay
+# longer than any slice or Redis would redeliver a task that is still running.
+CELERY_BROKER_TRANSPORT_OPTIONS = (
+    {"polling_interval": 0.005} if EMBEDDED else {"visibility_timeout": _positive_int("XAGENT_VISIBILITY_TIMEOUT", 3600)}
+)
+XAGENT_EMBEDDED_WORKER_THREADS = _positive_int("XAGENT_EMBEDDED_WORKER_THREADS", 4)
+
+# --- auth, i18n, static -------------------------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if EMBEDDED
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+# Embedded mode serves static files straight from the apps (no collectstatic step).
+WHITENOISE_USE_FINDERS = EMBEDDED
+WHITENOISE_AUTOREFRESH = EMBEDDED
+
+# --- security (production) -----------------------------------------------------------------
+
+# Production sits behind TLS; a deployment that terminates TLS elsewhere or serves plain
+# HTTP on loopback (CI) turns this off explicitly with XAGENT_HTTPS=false.
+XAGENT_HTTPS = _bool("XAGENT_HTTPS", not EMBEDDED)
+if XAGENT_HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = _read("SECURE_HSTS_SECONDS", env.int, 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "SAMEORIGIN"
+
+# --- secrets at rest -------------------------------------------------------------------------
+
+_secrets_key = _read("XAGENT_SECRETS_KEY", env.str, "")
+if not _secrets_key:
+    if not EMBEDDED:
+        raise ImproperlyConfigured(
+            "Environment variable XAGENT_SECRETS_KEY is required when REDIS_URL is set (production mode); "
+            "generate one with: python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'"
+        )
+    _secrets_key = base64.urlsafe_b64encode(hashlib.sha256(("xagent-secrets:" + SECRET_KEY).encode()).digest()).decode()
+XAGENT_SECRETS_KEY = _secrets_key
+try:
+    if len(base64.urlsafe_b64decode(XAGENT_SECRETS_KEY.encode())) != 32:
+        raise ValueError("must decode to 32 bytes")
+except ValueError as exc:
+    raise ImproperlyConfigured(
+        f"Invalid value for environment variable XAGENT_SECRETS_KEY: a Fernet key (32 url-safe base64 bytes) is required ({exc})"
+    ) from exc
+
+# --- model defaults and workspaces -----------------------------------------------------------
+
+OPENAI_BASE_URL = _read("OPENAI_BASE_URL", env.str, "")
+OPENAI_API_KEY = _read("OPENAI_API_KEY", env.str, "")
+XAGENT_MODEL = _read("XAGENT_MODEL", env.str, "")
+XAGENT_CONTEXT_WINDOW = _positive_int("XAGENT_CONTEXT_WINDOW", 128000)
+XAGENT_MAX_OUTPUT_TOKENS = _positive_int("XAGENT_MAX_OUTPUT_TOKENS", 4096)
+if XAGENT_MAX_OUTPUT_TOKENS >= XAGENT_CONTEXT_WINDOW:
+    raise ImproperlyConfigured(
+        "Invalid value for environment variable XAGENT_MAX_OUTPUT_TOKENS: must be smaller than XAGENT_CONTEXT_WINDOW"
+    )
+XAGENT_WORKSPACES_DIR = Path(_read("XAGENT_WORKSPACES_DIR", env.str, str(VAR_DIR / "workspaces")))
+
+# --- REST framework ----------------------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # First class decides the WWW-Authenticate header, so anonymous API calls get 401.
+        "tenancy_app.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["tenancy_app.permissions.IsTenantMember"],
+    "DEFAULT_PAGINATION_CLASS": "config.api.CursorPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "config.api.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "xAgent workspace API",
+    "DESCRIPTION": "Long-lived LLM agent Sessions: inputs, events, approvals, files. "
+    "Authenticate with `Authorization: Bearer <api key>`.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    # The schema describes the API, not any tenant's data: integrators read it before they have a key.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+}
+
+# --- logging -----------------------------------------------------------------------------------
+
+LOG_LEVEL = _read("LOG_LEVEL", env.str, "INFO").upper()
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        "django.server": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+        "celery": {"level": "WARNING" if EMBEDDED else LOG_LEVEL},
+    },
+}

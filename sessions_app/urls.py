@@ -1,0 +1,6 @@
+from django.urls import path
+
+from . import views
+
+app_name = "workspace"
+urlpatterns = [path("", views.home, name="home")]

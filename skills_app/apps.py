@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SkillsConfig(AppConfig):
+    name = "skills_app"
+    verbose_name = "Skills"

@@ -1,0 +1,158 @@
+"""Django admin for tenancy, and `TenantScopedAdmin`, the base of every tenant-owned admin.
+
+A superuser sees every tenant. A tenant admin (staff, owner/admin membership, not a
+superuser) sees, adds and changes only rows of the tenants they administer; foreign-key
+choices are narrowed the same way, so they cannot even pick another tenant's row.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+
+from .access import admin_tenant_ids
+from .actions import do_issue_api_key, do_revoke_api_key
+from .models import ApiKey, Membership, Tenant, TenantOwnedModel
+
+
+class TenantScopedAdmin(admin.ModelAdmin):
+    def _tenant_ids(self, request) -> list[int]:
+        cache_attr = "_xagent_admin_tenant_ids"
+        if not hasattr(request, cache_attr):
+            setattr(request, cache_attr, admin_tenant_ids(request.user))
+        return getattr(request, cache_attr)
+
+    def _scoped(self, request, queryset):
+        if request.user.is_superuser:
+            return queryset
+        model = queryset.model
+        if model is Tenant:
+            return queryset.filter(pk__in=self._tenant_ids(request))
+        if issubclass(model, TenantOwnedModel):
+            return queryset.filter(tenant_id__in=self._tenant_ids(request))
+        return queryset
+
+    def get_queryset(self, request):
+        return self._scoped(request, super().get_queryset(request))
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
+        if field is not None and hasattr(field, "queryset"):
+            field.queryset = self._scoped(request, field.queryset)
+        return field
+
+    def formfield_for_manytomany(self, db_field, request, **kwargs):
+        field = super().formfield_for_manytomany(db_field, request, **kwargs)
+        if field is not None and hasattr(field, "queryset"):
+            field.queryset = self._scoped(request, field.queryset)
+        return field
+
+    # A tenant admin's rights come from their membership role, not Django's per-model permissions.
+    def _is_tenant_admin(self, request) -> bool:
+        return request.user.is_active and request.user.is_staff and bool(self._tenant_ids(request))
+
+    def has_module_permission(self, request):
+        return request.user.is_superuser or self._is_tenant_admin(request)
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_superuser or self._is_tenant_admin(request)
+
+    def has_add_permission(self, request):
+        return request.user.is_superuser or self._is_tenant_admin(request)
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_superuser or self._is_tenant_admin(request)
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser or self._is_tenant_admin(request)
+
+
+@admin.register(Tenant)
+class TenantAdmin(TenantScopedAdmin):
+    list_display = ["slug", "name", "created_at"]
+    search_fields = ["slug", "name"]
+
+    def has_add_permission(self, request):
+        return request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+    def get_readonly_fields(self, request, obj=None):
+        return [] if request.user.is_superuser else ["slug"]
+
+
+@admin.register(Membership)
+class MembershipAdmin(TenantScopedAdmin):
+    list_display = ["user", "tenant", "role", "created_at"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username", "tenant__slug"]
+    autocomplete_fields = []
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
+        if db_field.name == "user" and not request.user.is_superuser:
+            # Tenant admins manage people already in their tenants; new accounts are a superuser's call.
+            field.queryset = get_user_model().objects.filter(
+                memberships__tenant_id__in=self._tenant_ids(request)
+            ).distinct()
+        return field
+
+
+class ApiKeyCreationForm(forms.ModelForm):
+    class Meta:
+        model = ApiKey
+        fields = ["tenant", "user", "name"]
+
+    def clean(self):
+        cleaned = super().clean()
+        tenant, user = cleaned.get("tenant"), cleaned.get("user")
+        if tenant and user and not Membership.objects.for_tenant(tenant).filter(user=user).exists():
+            raise forms.ValidationError(f"{user} is not a member of {tenant}.")
+        return cleaned
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(TenantScopedAdmin):
+    list_display = ["name", "prefix", "tenant", "user", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["tenant", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "prefix", "user__username"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke_keys"]
+    
+
+    def get_form(self, request, obj=None, **kwargs):
+        if obj is None:
+            kwargs["form"] = ApiKeyCreationForm
+        return super().get_form(request, obj, **kwargs)
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ["tenant", "user", "name"]
+        return ["tenant", "user", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.readonly_fields if obj is None else [*self.readonly_fields, "tenant", "user"]
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            obj.save(update_fields=["name"])
+            return
+        key, plaintext = do_issue_api_key(obj.tenant, obj.user, obj.name)
+        obj.pk = key.pk
+        obj.refresh_from_db()
+        messages.warning(
+            request,
+            f"API key for {key.user} in {key.tenant}: {plaintext} — copy it now, it will not be shown again.",
+        )
+
+    def has_delete_permission(self, request, obj=None):
+        # Keys are revoked, not deleted: the row stays as audit of who had access.
+        return False
+
+    @admin.action(description="Revoke selected API keys")
+    def revoke_keys(self, request, queryset):
+        for key in queryset:
+            do_revoke_api_key(key)
+        self.message_user(request, f"Revoked {queryset.count()} key(s).")

@@ -1,0 +1,83 @@
+"""Tenancy facts: tenants, who belongs to them with which role, and their API keys.
+
+Every tenant-owned model of every app inherits `TenantOwnedModel`, whose manager
+offers the one scoped read path, `for_tenant(tenant)` (ARCHITECTURE §8).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+
+from .choices import Role
+
+slug_validator = RegexValidator(
+    r"^[a-z0-9](?:[a-z0-9-]{0,48}[a-z0-9])?$",
+    "Use 1-50 lowercase letters, digits or inner hyphens.",
+)
+
+
+class Tenant(models.Model):
+    slug = models.CharField(max_length=50, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class TenantScopedQuerySet(models.QuerySet):
+    def for_tenant(self, tenant: Tenant | int) -> TenantScopedQuerySet:
+        tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
+        return self.filter(tenant_id=tenant_id)
+
+
+class TenantOwnedModel(models.Model):
+    """Base of every row that belongs to one tenant."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+
+    objects = TenantScopedQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+
+class Membership(TenantOwnedModel):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant__slug", "user__username"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "user"], name="unique_membership")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} ({self.role})"
+
+
+class ApiKey(TenantOwnedModel):
+    """A bearer key for one user in one tenant. Only a hash of the secret is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    key_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
