@@ -12,8 +12,8 @@ A bad value stops the process at import with a message naming the variable.
 
 from __future__ import annotations
 
-import hashlib
 import base64
+import hashlib
 from pathlib import Path
 
 import environ
@@ -48,13 +48,17 @@ def _bool(name: str, default: bool) -> bool:
         return True
     if raw in _FALSE:
         return False
-    raise ImproperlyConfigured(f"Invalid value for environment variable {name}: {raw!r} is not a boolean (true/false)")
+    raise ImproperlyConfigured(
+        f"Invalid value for environment variable {name}: {raw!r} is not a boolean (true/false)"
+    )
 
 
 def _positive_int(name: str, default: int) -> int:
     value = _read(name, env.int, default)
     if value <= 0:
-        raise ImproperlyConfigured(f"Invalid value for environment variable {name}: must be a positive integer")
+        raise ImproperlyConfigured(
+            f"Invalid value for environment variable {name}: must be a positive integer"
+        )
     return value
 
 
@@ -191,7 +195,9 @@ CELERY_TIMEZONE = "UTC"
 # A slice of agent work is bounded (ARCHITECTURE §3); the visibility timeout must stay
 # longer than any slice or Redis would redeliver a task that is still running.
 CELERY_BROKER_TRANSPORT_OPTIONS = (
-    {"polling_interval": 0.005} if EMBEDDED else {"visibility_timeout": _positive_int("XAGENT_VISIBILITY_TIMEOUT", 3600)}
+    {"polling_interval": 0.005}
+    if EMBEDDED
+    else {"visibility_timeout": _positive_int("XAGENT_VISIBILITY_TIMEOUT", 3600)}
 )
 XAGENT_EMBEDDED_WORKER_THREADS = _positive_int("XAGENT_EMBEDDED_WORKER_THREADS", 4)
 
@@ -251,7 +257,9 @@ if not _secrets_key:
             "Environment variable XAGENT_SECRETS_KEY is required when REDIS_URL is set (production mode); "
             "generate one with: python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'"
         )
-    _secrets_key = base64.urlsafe_b64encode(hashlib.sha256(("xagent-secrets:" + SECRET_KEY).encode()).digest()).decode()
+    _secrets_key = base64.urlsafe_b64encode(
+        hashlib.sha256(("xagent-secrets:" + SECRET_KEY).encode()).digest()
+    ).decode()
 XAGENT_SECRETS_KEY = _secrets_key
 try:
     if len(base64.urlsafe_b64decode(XAGENT_SECRETS_KEY.encode())) != 32:
@@ -287,7 +295,10 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "config.api.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {

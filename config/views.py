@@ -79,7 +79,9 @@ def page_not_found(request, exception=None):
 
 def server_error(request):
     if _is_api(request):
-        return json_error_response(500, "server_error", "The server hit an unexpected error; it has been logged.")
+        return json_error_response(
+            500, "server_error", "The server hit an unexpected error; it has been logged."
+        )
     return defaults.server_error(request)
 
 

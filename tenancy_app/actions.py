@@ -65,7 +65,9 @@ def do_issue_api_key(tenant: Tenant, user, name: str) -> tuple[ApiKey, str]:
         raise ValidationError({"user": f"{user} is not a member of tenant {tenant.slug}."})
     prefix = secrets.token_hex(6)
     plaintext = f"{API_KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
-    key = ApiKey.objects.create(tenant=tenant, user=user, name=name, prefix=prefix, key_hash=_hash_secret(plaintext))
+    key = ApiKey.objects.create(
+        tenant=tenant, user=user, name=name, prefix=prefix, key_hash=_hash_secret(plaintext)
+    )
     return key, plaintext
 
 

@@ -94,9 +94,11 @@ class MembershipAdmin(TenantScopedAdmin):
         field = super().formfield_for_foreignkey(db_field, request, **kwargs)
         if db_field.name == "user" and not request.user.is_superuser:
             # Tenant admins manage people already in their tenants; new accounts are a superuser's call.
-            field.queryset = get_user_model().objects.filter(
-                memberships__tenant_id__in=self._tenant_ids(request)
-            ).distinct()
+            field.queryset = (
+                get_user_model()
+                .objects.filter(memberships__tenant_id__in=self._tenant_ids(request))
+                .distinct()
+            )
         return field
 
 
@@ -120,7 +122,6 @@ class ApiKeyAdmin(TenantScopedAdmin):
     search_fields = ["name", "prefix", "user__username"]
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke_keys"]
-    
 
     def get_form(self, request, obj=None, **kwargs):
         if obj is None:

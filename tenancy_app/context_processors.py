@@ -8,5 +8,7 @@ def current_tenant(request):
         return {}
     memberships = list_memberships(user)
     chosen = request.session.get(SESSION_TENANT_KEY)
-    current = next((m for m in memberships if m.tenant.slug == chosen), memberships[0] if memberships else None)
+    current = next(
+        (m for m in memberships if m.tenant.slug == chosen), memberships[0] if memberships else None
+    )
     return {"memberships": memberships, "current_membership": current}

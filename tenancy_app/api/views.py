@@ -27,7 +27,11 @@ class MeView(APIView):
 
 
 class ApiKeyViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin, TenantScopedViewSet
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    TenantScopedViewSet,
 ):
     """API keys of the current tenant. Members see their own; owners and admins see all.
 

@@ -14,7 +14,9 @@ class Command(BaseCommand):
     help = "Create the demo tenant and its owner login (idempotent). Prints the login."
 
     def add_arguments(self, parser):
-        parser.add_argument("--password", default=None, help=f"demo password (default {DEMO_PASSWORD!r} in embedded mode)")
+        parser.add_argument(
+            "--password", default=None, help=f"demo password (default {DEMO_PASSWORD!r} in embedded mode)"
+        )
 
     def handle(self, password, **options):
         if password is None:
@@ -29,6 +31,8 @@ class Command(BaseCommand):
         if password is not None:
             self.stdout.write(f"Login: {DEMO_USER} / {password}")
         elif created:
-            self.stdout.write(f"Login: {DEMO_USER} (set a password with: manage.py changepassword {DEMO_USER})")
+            self.stdout.write(
+                f"Login: {DEMO_USER} (set a password with: manage.py changepassword {DEMO_USER})"
+            )
         else:
             self.stdout.write(f"Login: {DEMO_USER} (password unchanged)")

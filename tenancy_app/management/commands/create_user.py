@@ -23,7 +23,9 @@ class Command(BaseCommand):
     def handle(self, username, tenant, role, password, **options):
         tenant_obj = Tenant.objects.filter(slug=tenant).first()
         if tenant_obj is None:
-            raise CommandError(f"No tenant with slug {tenant!r}; create it with: manage.py create_tenant {tenant}")
+            raise CommandError(
+                f"No tenant with slug {tenant!r}; create it with: manage.py create_tenant {tenant}"
+            )
         generated = password is None
         if generated:
             password = secrets.token_urlsafe(12)
@@ -31,6 +33,8 @@ class Command(BaseCommand):
             user, created = do_create_user(username, tenant_obj, role, password)
         except ValidationError as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(f"{'Created' if created else 'Updated'}: {user.username} is {role} of {tenant_obj.slug}")
+        self.stdout.write(
+            f"{'Created' if created else 'Updated'}: {user.username} is {role} of {tenant_obj.slug}"
+        )
         if generated:
             self.stdout.write(f"Password: {password}")

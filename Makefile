@@ -1,0 +1,41 @@
+# Two commands matter: `make run` and `make test`. Everything else is a one-line wrapper.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+.PHONY: install run test lint format migrate worker beat
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+run: install migrate
+	$(PY) manage.py seed_demo
+	$(PY) manage.py runstack --host $(HOST) --port $(PORT)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+
+worker: install
+	$(VENV)/bin/celery -A config worker --loglevel INFO
+
+beat: install
+	$(VENV)/bin/celery -A config beat --loglevel INFO

@@ -1,0 +1,77 @@
+"""Shared fixtures. Personas follow STYLE §9: owner_a and member_a belong to tenant A,
+outsider_b owns tenant B and must never reach anything of A."""
+
+import os
+
+import pytest
+from rest_framework.test import APIClient
+
+from tenancy_app.choices import Role
+
+from .factories import TenantFactory, issue_key, make_member
+
+SERVICES_MODE = bool(os.environ.get("REDIS_URL"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if SERVICES_MODE:
+        return
+    skip = pytest.mark.skip(
+        reason="needs real PostgreSQL/Redis: set DATABASE_URL and REDIS_URL (see .ci/run)"
+    )
+    for item in items:
+        if "services" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def tenant_a(db):
+    return TenantFactory(slug="acme", name="Acme")
+
+
+@pytest.fixture
+def tenant_b(db):
+    return TenantFactory(slug="bravo", name="Bravo")
+
+
+@pytest.fixture
+def owner_a(tenant_a):
+    return make_member(tenant_a, "owner_a", Role.OWNER)
+
+
+@pytest.fixture
+def member_a(tenant_a):
+    return make_member(tenant_a, "member_a", Role.MEMBER)
+
+
+@pytest.fixture
+def outsider_b(tenant_b):
+    return make_member(tenant_b, "outsider_b", Role.OWNER)
+
+
+def _client_with_key(user, tenant):
+    _, plaintext = issue_key(tenant, user)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    client.api_key = plaintext
+    return client
+
+
+@pytest.fixture
+def api_owner_a(owner_a, tenant_a):
+    return _client_with_key(owner_a, tenant_a)
+
+
+@pytest.fixture
+def api_member_a(member_a, tenant_a):
+    return _client_with_key(member_a, tenant_a)
+
+
+@pytest.fixture
+def api_outsider_b(outsider_b, tenant_b):
+    return _client_with_key(outsider_b, tenant_b)
+
+
+@pytest.fixture
+def api_anonymous():
+    return APIClient()

@@ -1,0 +1,88 @@
+"""Start real processes of the product (runstack, celery worker) for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx2 as httpx
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def embedded_env(tmp_path: Path) -> dict[str, str]:
+    """Environment of a fresh embedded-mode install rooted in tmp_path."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"REDIS_URL", "SECRET_KEY", "ALLOWED_HOSTS", "XAGENT_HTTPS", "XAGENT_SECRETS_KEY"}
+    }
+    env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'db.sqlite3'}"
+    env["XAGENT_WORKSPACES_DIR"] = str(tmp_path / "workspaces")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@contextmanager
+def running(cmd: list[str], env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen]:
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            _stop(proc)
+
+
+def wait_for_http(url: str, proc: subprocess.Popen, log_path: Path, deadline_s: float = 60) -> httpx.Response:
+    """Poll `url` until it answers 200; fail with the process log if it dies or never answers."""
+    deadline = time.monotonic() + deadline_s
+    last_error = ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"process exited with {proc.returncode}:\n{log_path.read_text(errors='replace')}"
+            )
+        try:
+            response = httpx.get(url, timeout=10)
+            if response.status_code == 200:
+                return response
+            last_error = f"{response.status_code} {response.text[:200]}"
+        except httpx.HTTPError as exc:
+            last_error = repr(exc)
+        time.sleep(0.2)
+    raise AssertionError(f"{url} never answered 200 ({last_error}):\n{log_path.read_text(errors='replace')}")
