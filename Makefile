@@ -21,6 +21,7 @@ run: install migrate
 	$(PY) manage.py runstack --host $(HOST) --port $(PORT)
 
 test: install
+	$(PY) manage.py collectstatic --noinput -v0
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install

@@ -11,10 +11,12 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from sessions_app.consumers import SessionConsumer  # noqa: E402
 from tenancy_app.ws import TenantAuthMiddlewareStack, WhoAmIConsumer  # noqa: E402
 
 websocket_urlpatterns = [
     path("ws/whoami/", WhoAmIConsumer.as_asgi()),
+    path("ws/sessions/<uuid:session_id>/", SessionConsumer.as_asgi()),
 ]
 
 application = ProtocolTypeRouter(

@@ -8,6 +8,7 @@ Tasks have explicit names and take ids only (STYLE §7).
 import os
 
 from celery import Celery
+from celery.signals import worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -29,3 +30,9 @@ def ping(nonce: str) -> str:
 
     cache.set(PING_CACHE_PREFIX + nonce, "pong", timeout=60)
     return "pong"
+
+
+@worker_ready.connect
+def _recover_on_start(sender, **kwargs):
+    """A restarted worker picks up Sessions whose runner died with the previous process."""
+    sender.app.send_task("sessions.recover")

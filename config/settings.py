@@ -139,6 +139,12 @@ TEMPLATES = [
 # --- database ---------------------------------------------------------------------------
 
 DATABASES = {"default": _read("DATABASE_URL", env.db_url, f"sqlite:///{VAR_DIR / 'db.sqlite3'}")}
+_SUPPORTED_ENGINES = {"django.db.backends.sqlite3", "django.db.backends.postgresql"}
+if DATABASES["default"].get("ENGINE") not in _SUPPORTED_ENGINES:
+    raise ImproperlyConfigured(
+        "Invalid value for environment variable DATABASE_URL: use postgres://user:password@host:port/name "
+        "or sqlite:////absolute/path.sqlite3"
+    )
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets readers (web, long polls) run beside the single writer; IMMEDIATE takes
     # the write lock at BEGIN so two writers queue on the busy timeout instead of
@@ -158,12 +164,13 @@ else:
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+FORMS_URLFIELD_ASSUME_HTTPS = True
 
 # --- cache, channel layer, celery ---------------------------------------------------------
 
 if EMBEDDED:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "config.channel_layer.ThreadSafeInMemoryChannelLayer"}}
 else:
     CACHES = {
         "default": {
@@ -199,6 +206,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
     if EMBEDDED
     else {"visibility_timeout": _positive_int("XAGENT_VISIBILITY_TIMEOUT", 3600)}
 )
+CELERY_BEAT_SCHEDULE = {
+    # Wake Sessions whose runner vanished (worker killed, task lost): ARCHITECTURE §6.
+    "recover-stale-sessions": {"task": "sessions.recover", "schedule": 60.0},
+}
 XAGENT_EMBEDDED_WORKER_THREADS = _positive_int("XAGENT_EMBEDDED_WORKER_THREADS", 4)
 
 # --- auth, i18n, static -------------------------------------------------------------------
@@ -246,7 +257,7 @@ if XAGENT_HTTPS:
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
 SECURE_CONTENT_TYPE_NOSNIFF = True
-X_FRAME_OPTIONS = "SAMEORIGIN"
+X_FRAME_OPTIONS = "DENY"  # views that must be framed (file previews) opt in one by one
 
 # --- secrets at rest -------------------------------------------------------------------------
 

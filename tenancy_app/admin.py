@@ -40,6 +40,11 @@ class TenantScopedAdmin(admin.ModelAdmin):
         field = super().formfield_for_foreignkey(db_field, request, **kwargs)
         if field is not None and hasattr(field, "queryset"):
             field.queryset = self._scoped(request, field.queryset)
+            if field.queryset.model is get_user_model() and not request.user.is_superuser:
+                # People are offered only from the tenants this admin manages; new accounts are a superuser's call.
+                field.queryset = field.queryset.filter(
+                    memberships__tenant_id__in=self._tenant_ids(request)
+                ).distinct()
         return field
 
     def formfield_for_manytomany(self, db_field, request, **kwargs):
@@ -86,20 +91,8 @@ class TenantAdmin(TenantScopedAdmin):
 @admin.register(Membership)
 class MembershipAdmin(TenantScopedAdmin):
     list_display = ["user", "tenant", "role", "created_at"]
-    list_filter = ["role", "tenant"]
+    list_filter = ["role", ("tenant", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["user__username", "tenant__slug"]
-    autocomplete_fields = []
-
-    def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
-        if db_field.name == "user" and not request.user.is_superuser:
-            # Tenant admins manage people already in their tenants; new accounts are a superuser's call.
-            field.queryset = (
-                get_user_model()
-                .objects.filter(memberships__tenant_id__in=self._tenant_ids(request))
-                .distinct()
-            )
-        return field
 
 
 class ApiKeyCreationForm(forms.ModelForm):
@@ -118,7 +111,7 @@ class ApiKeyCreationForm(forms.ModelForm):
 @admin.register(ApiKey)
 class ApiKeyAdmin(TenantScopedAdmin):
     list_display = ["name", "prefix", "tenant", "user", "created_at", "last_used_at", "revoked_at"]
-    list_filter = ["tenant", ("revoked_at", admin.EmptyFieldListFilter)]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), ("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "prefix", "user__username"]
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke_keys"]

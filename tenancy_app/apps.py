@@ -4,3 +4,6 @@ from django.apps import AppConfig
 class TenancyConfig(AppConfig):
     name = "tenancy_app"
     verbose_name = "Tenancy"
+
+    def ready(self):
+        from . import schema  # noqa: F401  (registers the OpenAPI auth extension)

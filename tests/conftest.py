@@ -75,3 +75,28 @@ def api_outsider_b(outsider_b, tenant_b):
 @pytest.fixture
 def api_anonymous():
     return APIClient()
+
+
+@pytest.fixture
+def model_server():
+    """The scripted OpenAI-compatible server on loopback (the only stand-in: the LLM)."""
+    from .support.model_server import ScriptedModelServer
+
+    with ScriptedModelServer() as server:
+        yield server
+
+
+@pytest.fixture
+def model_config_a(tenant_a, model_server):
+    """Tenant A's default model: the scripted server, through the real openai client."""
+    from sessions_app.models import ModelConfig
+
+    return ModelConfig.objects.create(
+        tenant=tenant_a,
+        name="scripted",
+        base_url=model_server.base_url,
+        model="scripted-model",
+        context_window=32000,
+        max_output_tokens=1024,
+        is_default=True,
+    )

@@ -1,5 +1,6 @@
 import secrets
 
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
@@ -26,7 +27,9 @@ class Command(BaseCommand):
             raise CommandError(
                 f"No tenant with slug {tenant!r}; create it with: manage.py create_tenant {tenant}"
             )
-        generated = password is None
+        exists = get_user_model().objects.filter(username=username).exists()
+        # An existing user keeps their password unless one is given: joining a tenant is not a reset.
+        generated = password is None and not exists
         if generated:
             password = secrets.token_urlsafe(12)
         try:

@@ -1,0 +1,177 @@
+"""Browser pages with the Django test client: login, the workspace home, logout and the
+tenant switch (CONTRACT Auth: browser sessions)."""
+
+import pytest
+from django.contrib.messages import get_messages
+from django.test import Client
+
+from tenancy_app.access import SESSION_TENANT_KEY
+from tenancy_app.choices import Role
+
+from ..factories import PASSWORD, TenantFactory, UserFactory, make_member
+
+LOGIN = "/accounts/login/"
+
+
+@pytest.fixture(autouse=True)
+def _static_files_without_manifest(settings):
+    # Production mode serves collectstatic's manifest, which a test run never builds.
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def shown_tenant(client) -> str:
+    response = client.get("/")
+    assert response.status_code == 200
+    return response.context["current_membership"].tenant.slug
+
+
+@pytest.fixture
+def owner_a_in_b(owner_a, tenant_b, outsider_b):
+    return make_member(tenant_b, "owner_a", Role.MEMBER)
+
+
+class TestLogin:
+    def test_the_login_page_renders(self, db):
+        response = Client().get(LOGIN)
+
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert 'name="username"' in html and 'name="password"' in html and "csrfmiddlewaretoken" in html
+
+    def test_logging_in_lands_on_the_workspace_of_the_users_tenant(self, owner_a):
+        client = Client()
+
+        response = client.post(LOGIN, {"username": "owner_a", "password": PASSWORD})
+
+        assert response.status_code == 302 and response["Location"] == "/"
+        home = client.get("/")
+        assert home.status_code == 200
+        assert "<h1>Acme</h1>" in home.content.decode()
+        assert "owner_a" in home.content.decode()
+
+    def test_a_wrong_password_stays_on_the_login_page(self, owner_a):
+        client = Client()
+
+        response = client.post(LOGIN, {"username": "owner_a", "password": "wrong"})
+
+        assert response.status_code == 200
+        assert "didn't match" in response.content.decode()
+        assert client.get("/").status_code == 302
+
+    def test_login_honours_a_local_next_only(self, owner_a):
+        local = Client().post(f"{LOGIN}?next=/admin/", {"username": "owner_a", "password": PASSWORD, "next": "/admin/"})
+        foreign = Client().post(LOGIN, {"username": "owner_a", "password": PASSWORD, "next": "https://evil.example/"})
+
+        assert local["Location"] == "/admin/"
+        assert foreign["Location"] == "/"
+
+
+class TestHome:
+    def test_anonymous_visitors_are_sent_to_login(self, db):
+        response = Client().get("/")
+
+        assert response.status_code == 302
+        assert response["Location"] == f"{LOGIN}?next=/"
+
+    def test_a_user_without_a_tenant_is_told_so(self, db):
+        response = logged_in(UserFactory(username="drifter")).get("/")
+
+        assert response.status_code == 200
+        assert "No tenant yet" in response.content.decode()
+
+    def test_a_member_sees_the_tenant_but_no_admin_link(self, member_a):
+        html = logged_in(member_a).get("/").content.decode()
+
+        assert "<h1>Acme</h1>" in html
+        assert 'href="/admin/"' not in html
+
+
+class TestLogout:
+    def test_logout_by_post_ends_the_session(self, owner_a):
+        client = logged_in(owner_a)
+        assert client.get("/").status_code == 200
+
+        response = client.post("/accounts/logout/")
+
+        assert response.status_code == 302 and response["Location"] == LOGIN
+        assert client.get("/")["Location"].startswith(LOGIN)
+
+    def test_logout_by_get_is_refused(self, owner_a):
+        client = logged_in(owner_a)
+
+        assert client.get("/accounts/logout/").status_code == 405
+        assert client.get("/").status_code == 200
+
+
+class TestTenantSwitch:
+    def test_a_member_of_two_tenants_can_switch(self, owner_a_in_b):
+        client = logged_in(owner_a_in_b)
+        assert shown_tenant(client) == "acme"
+
+        response = client.post("/tenants/switch/", {"tenant": "bravo"})
+
+        assert response.status_code == 302 and response["Location"] == "/"
+        assert shown_tenant(client) == "bravo"
+        assert "<h1>Bravo</h1>" in client.get("/").content.decode()
+        client.post("/tenants/switch/", {"tenant": "acme"})
+        assert shown_tenant(client) == "acme"
+
+    def test_the_picker_lists_only_the_users_tenants(self, owner_a_in_b):
+        TenantFactory(slug="charlie", name="Charlie")
+
+        html = logged_in(owner_a_in_b).get("/").content.decode()
+
+        assert 'value="acme"' in html and 'value="bravo"' in html
+        assert "charlie" not in html.lower()
+
+    @pytest.mark.parametrize("slug", ["bravo", "nope", ""])
+    def test_a_tenant_the_user_is_not_in_is_refused(self, owner_a, tenant_b, slug):
+        client = logged_in(owner_a)
+
+        response = client.post("/tenants/switch/", {"tenant": slug}, follow=True)
+
+        assert response.status_code == 200
+        assert [str(m) for m in response.context["messages"]] == ["You are not a member of that tenant."]
+        assert SESSION_TENANT_KEY not in client.session
+        assert shown_tenant(client) == "acme"
+        assert "Bravo" not in client.get("/").content.decode()
+
+    def test_a_refused_switch_keeps_the_previous_choice(self, owner_a_in_b):
+        TenantFactory(slug="charlie", name="Charlie")
+        client = logged_in(owner_a_in_b)
+        client.post("/tenants/switch/", {"tenant": "bravo"})
+
+        response = client.post("/tenants/switch/", {"tenant": "charlie"})
+
+        assert any("not a member" in str(m) for m in get_messages(response.wsgi_request))
+        assert shown_tenant(client) == "bravo"
+
+    @pytest.mark.parametrize(
+        "next_url, expected", [("/admin/", "/admin/"), ("https://evil.example/", "/"), ("//evil.example/", "/")]
+    )
+    def test_it_redirects_only_to_local_pages(self, owner_a_in_b, next_url, expected):
+        response = logged_in(owner_a_in_b).post("/tenants/switch/", {"tenant": "bravo", "next": next_url})
+
+        assert response["Location"] == expected
+
+    def test_it_needs_a_post_with_a_csrf_token(self, owner_a_in_b):
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(owner_a_in_b)
+
+        assert client.get("/tenants/switch/").status_code == 405
+        assert client.post("/tenants/switch/", {"tenant": "bravo"}).status_code == 403
+        assert shown_tenant(client) == "acme"
+
+    def test_anonymous_visitors_are_sent_to_login(self, tenant_a):
+        response = Client().post("/tenants/switch/", {"tenant": "acme"})
+
+        assert response.status_code == 302 and response["Location"].startswith(LOGIN)
