@@ -1,0 +1,81 @@
+"""What a tool is to ToolService: a name, a JSON schema, a risk level and a `run`.
+
+Tools never import sessions_app (ARCHITECTURE §10): facts they change on the Session
+(plan, task completion, files) go through the `SessionPort` the runtime hands over in
+the `ToolContext`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Risk(enum.StrEnum):
+    READ = "read"
+    WRITE = "write"
+    DESTRUCTIVE = "destructive"
+    EXTERNAL = "external"
+
+
+class ToolError(Exception):
+    """A refusal or failure the model should see as the tool's result (never a crash of the loop).
+
+    `stage` names the governance stage that refused (resolve, validate, runtime, ...).
+    """
+
+    def __init__(self, message: str, *, code: str = "tool_error", stage: str = "runtime"):
+        super().__init__(message)
+        self.code = code
+        self.stage = stage
+
+
+class SessionPort(Protocol):
+    """The narrow set of Session operations a tool may call (implemented by the runtime)."""
+
+    def plan_create(self, title: str, tasks: list[str]) -> dict: ...
+
+    def plan_update(self, updates: list[dict]) -> dict: ...
+
+    def task_complete(self, task_id: str, summary: str) -> dict: ...
+
+    def file_changed(self, path: str, op: str) -> None: ...
+
+
+@dataclass
+class ToolContext:
+    session_id: str
+    tenant_id: int
+    workspace: Path
+    port: SessionPort
+    call_id: str = ""
+
+
+@dataclass
+class ToolResult:
+    """`content` is what the model reads; `summary` a one-line description for tool cards."""
+
+    content: str
+    summary: str = ""
+    is_error: bool = False
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class Tool:
+    name: str = ""
+    description: str = ""
+    input_schema: dict = {"type": "object", "properties": {}}
+    risk: Risk = Risk.READ
+    read_only: bool = False
+    idempotent: bool = False
+
+    def run(self, ctx: ToolContext, args: dict) -> ToolResult:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def openai_schema(self) -> dict:
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.input_schema},
+        }

@@ -1,0 +1,41 @@
+"""The native tools by the names the model sees (CONTRACT "Native tools").
+
+Tools are stateless instances shared by every Session and thread; what a Session may call is
+decided by the runtime, which hands ToolService the `available` subset.
+"""
+
+from __future__ import annotations
+
+from .base import Tool
+from .native.files import FsDeleteFiles, FsEdit, FsList, FsRead, FsWrite
+from .native.plan import PlanCreate, PlanUpdate, TaskComplete
+
+NATIVE_TOOLS: dict[str, Tool] = {
+    tool.name: tool
+    for tool in (
+        FsList(),
+        FsRead(),
+        FsWrite(),
+        FsEdit(),
+        FsDeleteFiles(),
+        PlanCreate(),
+        PlanUpdate(),
+        TaskComplete(),
+    )
+}
+
+# fs_delete_files is destructive: it joins the defaults only once approvals can gate it.
+_DEFAULT_TOOL_NAMES = (
+    "fs_list",
+    "fs_read",
+    "fs_write",
+    "fs_edit",
+    "plan_create",
+    "plan_update",
+    "task_complete",
+)
+
+
+def default_tool_names() -> list[str]:
+    """Native tools every Session gets without any ToolSet selection."""
+    return list(_DEFAULT_TOOL_NAMES)

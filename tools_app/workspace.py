@@ -1,0 +1,145 @@
+"""The Session workspace on disk: where it lives, and which user paths may reach into it.
+
+Owns the confinement rule for every native file tool (ARCHITECTURE §7): a path the model
+names is relative to the workspace and must stay inside it after every symlink is followed.
+Nothing here knows about Sessions beyond their ids; the runtime picks the root directory
+(`settings.XAGENT_WORKSPACES_DIR`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+
+from .base import ToolError
+
+MAX_READ_BYTES = 1_000_000
+MAX_WRITE_BYTES = 5_000_000
+
+RESOLVE_STAGE = "resolve_path"
+
+# Tenant slugs, numeric ids and UUIDs all match; anything else would let a caller choose
+# where on disk a workspace lands.
+_SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _escape(user_path: str, why: str) -> ToolError:
+    # The message quotes only what the model sent, never the host path or a symlink target.
+    return ToolError(f"path {user_path!r} is refused: {why}", code="path_escape", stage=RESOLVE_STAGE)
+
+
+def _root_of(workspace: Path) -> Path:
+    root = Path(os.path.realpath(workspace))
+    if not root.is_dir():
+        raise ToolError("the session workspace does not exist", code="workspace_missing", stage=RESOLVE_STAGE)
+    return root
+
+
+def resolve_in_workspace(workspace: Path, user_path: str, *, must_exist: bool = False) -> Path:
+    """Return the real (symlink-free) path `user_path` names inside `workspace`.
+
+    Refuses with `path_escape` absolute paths, NUL bytes, and any path that ends up outside
+    the workspace once `..` and every symlink on the way are followed — including for a
+    file that does not exist yet, whose existing ancestors are resolved. `""` and `"."`
+    name the workspace itself.
+    """
+    if not isinstance(user_path, str):
+        raise ToolError("path must be a string", code="invalid_path", stage=RESOLVE_STAGE)
+    if "\x00" in user_path:
+        raise _escape(user_path, "it contains a NUL byte")
+    if PurePosixPath(user_path).is_absolute():
+        raise _escape(user_path, "absolute paths are not allowed; use a path relative to the workspace")
+
+    root = _root_of(workspace)
+    # Lexical check first, for a clear message on the common `../x` mistake.
+    depth = 0
+    for part in PurePosixPath(user_path).parts:
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                raise _escape(user_path, "'..' leads outside the workspace")
+        elif part != ".":
+            depth += 1
+
+    # realpath follows every symlink component in order (so `link/..` means what the kernel
+    # means by it), and resolves the existing ancestors of a path that does not exist yet.
+    resolved = Path(os.path.realpath(root / user_path))
+    if not resolved.is_relative_to(root):
+        raise _escape(user_path, "it resolves outside the workspace (through a symlink)")
+    if must_exist and not resolved.exists():
+        raise ToolError(f"{user_path!r} does not exist", code="not_found", stage=RESOLVE_STAGE)
+    return resolved
+
+
+def relative_posix(workspace: Path, path: Path) -> str:
+    """`path` (already resolved inside `workspace`) as the POSIX path the model and UI use."""
+    rel = path.relative_to(_root_of(workspace)).as_posix()
+    return rel if rel else "."
+
+
+def workspace_for(root: Path, tenant_slug_or_id: str | int, session_id: object) -> Path:
+    """Create (if needed) and return `<root>/<tenant>/<session>/`."""
+    parts = [str(tenant_slug_or_id), str(session_id)]
+    for part in parts:
+        if not _SAFE_COMPONENT.match(part) or ".." in part:
+            raise ValueError(f"unsafe workspace path component: {part!r}")
+    path = Path(root).joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _entry(rel: str, st: os.stat_result, kind: str) -> dict:
+    return {
+        "path": rel,
+        "size": st.st_size if kind == "file" else 0,
+        "modified_at": datetime.fromtimestamp(st.st_mtime, tz=UTC).isoformat(),
+        "kind": kind,
+    }
+
+
+def list_tree(workspace: Path, under: str = "", *, max_entries: int | None = None) -> list[dict]:
+    """Files and directories under `under` (default: the whole workspace), recursively.
+
+    Each entry is `{path, size, modified_at, kind}` with `path` relative to the workspace
+    root, entries sorted by path. Symlinks that point outside the workspace (or nowhere)
+    are skipped; symlinks that stay inside are listed as what they point to but never
+    descended into, so a link cycle cannot loop. With `max_entries` the walk stops once
+    that many entries are collected (the result is then a sorted prefix of the walk).
+    """
+    root = _root_of(workspace)
+    start = resolve_in_workspace(root, under or ".", must_exist=True)
+    entries: list[dict] = []
+
+    if not start.is_dir():
+        entries.append(_entry(relative_posix(root, start), start.stat(), "file"))
+        return entries
+
+    stack = [start]
+    while stack:
+        directory = stack.pop()
+        try:
+            children = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError:
+            continue  # unreadable or vanished mid-walk: list what we can
+        for child in children:
+            if max_entries is not None and len(entries) >= max_entries:
+                return sorted(entries, key=lambda e: e["path"])
+            rel = (Path(child.path).relative_to(root)).as_posix()
+            try:
+                if child.is_symlink():
+                    target = Path(os.path.realpath(child.path))
+                    if not target.is_relative_to(root) or not target.exists():
+                        continue
+                    st = target.stat()
+                    kind = "dir" if target.is_dir() else "file"
+                    entries.append(_entry(rel, st, kind))
+                elif child.is_dir(follow_symlinks=False):
+                    entries.append(_entry(rel, child.stat(follow_symlinks=False), "dir"))
+                    stack.append(Path(child.path))
+                elif child.is_file(follow_symlinks=False):
+                    entries.append(_entry(rel, child.stat(follow_symlinks=False), "file"))
+            except OSError:
+                continue
+    return sorted(entries, key=lambda e: e["path"])
