@@ -36,6 +36,19 @@ def embedded_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def database_env_for_workers() -> dict[str, str]:
+    """This process's environment with DATABASE_URL pointing at the test database pytest-django made."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from django.db import connection
+
+    env = dict(os.environ)
+    parts = urlsplit(env["DATABASE_URL"])
+    env["DATABASE_URL"] = urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"]))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
 def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "manage.py", *args],

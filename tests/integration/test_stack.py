@@ -10,7 +10,7 @@ from django.core.cache import cache
 
 from config.celery import PING_CACHE_PREFIX, ping
 
-from .processes import embedded_env, free_port, manage, running, wait_for_http
+from .processes import database_env_for_workers, embedded_env, free_port, manage, running, wait_for_http
 
 
 def test_runstack_serves_web_and_runs_tasks_in_process(tmp_path):
@@ -45,10 +45,51 @@ def test_runstack_serves_web_and_runs_tasks_in_process(tmp_path):
             )
             assert page.status_code == 200
             assert "Demo workspace" in page.text
+            demo = _wait_for_demo_turn(browser)
+    _assert_demo_report(tmp_path / "workspaces", demo)
     assert f"running at http://127.0.0.1:{port}/" in log.read_text()
 
 
+def _wait_for_demo_turn(browser, timeout=90) -> dict:
+    """The seeded demo Session runs on the in-process worker with the scripted demo model."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sessions = browser.get("/api/v1/sessions/").json()["results"]
+        demo = next(s for s in sessions if s["title"].endswith("(demo)"))
+        events = browser.get(f"/api/v1/sessions/{demo['id']}/events/?wait=2").json()["events"]
+        if any(e["type"] == "turn.ended" for e in events):
+            ended = next(e for e in events if e["type"] == "turn.ended")
+            assert ended["data"]["reason"] == "completed", events[-5:]
+            assert demo["model_label"].startswith("demo model")
+            return browser.get(f"/api/v1/sessions/{demo['id']}/").json()
+        time.sleep(0.5)
+    raise AssertionError("the demo turn did not finish")
+
+
+def _assert_demo_report(workspaces, demo):
+    """report.html and kpis.csv hold the KPIs recomputed here with a CSV parser."""
+    import csv
+    import statistics
+
+    (workspace,) = list(workspaces.glob(f"*/{demo['id']}"))
+    rows = list(csv.DictReader((workspace / "tickets.csv").open()))
+    resolved = [r for r in rows if r["status"] == "resolved"]
+    expected = {
+        "tickets_total": str(len(rows)),
+        "tickets_resolved": str(len(resolved)),
+        "tickets_escalated": str(sum(r["status"] == "escalated" for r in rows)),
+        "avg_csat": str(round(statistics.mean(int(r["csat"]) for r in resolved), 2)),
+        "avg_first_response_minutes": str(round(statistics.mean(float(r["first_response_minutes"]) for r in rows), 1)),
+    }
+    kpis = {row["metric"]: row["value"] for row in csv.DictReader((workspace / "kpis.csv").open())}
+    assert {k: kpis[k] for k in expected} == expected
+    html = (workspace / "report.html").read_text()
+    for value in expected.values():
+        assert f"<td>{value}</td>" in html
+
+
 @pytest.mark.services
+@pytest.mark.django_db(transaction=True)
 def test_ping_runs_on_a_separate_celery_worker_over_redis(tmp_path, settings):
     """Production mode: a task sent through Redis is consumed by a separate `celery worker` process."""
     assert settings.CELERY_BROKER_URL.startswith("redis://")
@@ -71,9 +112,7 @@ def test_ping_runs_on_a_separate_celery_worker_over_redis(tmp_path, settings):
         "--without-mingle",
         "--without-gossip",
     ]
-    import os
-
-    with running(cmd, dict(os.environ), log) as proc:
+    with running(cmd, database_env_for_workers(), log) as proc:
         nonce = uuid.uuid4().hex
         ping.delay(nonce)
         deadline = time.monotonic() + 60

@@ -1,9 +1,21 @@
+import shutil
+from pathlib import Path
+
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from sessions_app.models import Session
+from sessions_app.runtime import brain, engine
 from tenancy_app.actions import do_create_tenant, do_create_user
 from tenancy_app.choices import Role
+
+DEMO_DATA = Path(__file__).resolve().parents[2] / "demo_data"
+DEMO_SESSION_TITLE = "Support weekly report (demo)"
+DEMO_TASK = (
+    "tickets.csv holds last week's support tickets. Build an HTML weekly KPI report (report.html) and a "
+    "kpis.csv with the same figures, validate both, and tell me the headline numbers."
+)
 
 DEMO_TENANT = "demo"
 DEMO_USER = "demo"
@@ -27,7 +39,9 @@ class Command(BaseCommand):
         with transaction.atomic():
             tenant, _ = do_create_tenant(DEMO_TENANT, "Demo workspace")
             user, created = do_create_user(DEMO_USER, tenant, Role.OWNER, password)
+        demo_session = self._demo_session(tenant, user)
         self.stdout.write(f"Demo tenant: {tenant.slug}")
+        self.stdout.write(f"Demo session: {demo_session.pk} ({DEMO_SESSION_TITLE})")
         if password is not None:
             self.stdout.write(f"Login: {DEMO_USER} / {password}")
         elif created:
@@ -36,3 +50,14 @@ class Command(BaseCommand):
             )
         else:
             self.stdout.write(f"Login: {DEMO_USER} (password unchanged)")
+
+    def _demo_session(self, tenant, user):
+        """The S1 demo: a Session with tickets.csv uploaded and the report task queued (once)."""
+        existing = Session.objects.for_tenant(tenant).filter(title=DEMO_SESSION_TITLE).first()
+        if existing is not None:
+            return existing
+        session = engine.create_session(tenant=tenant, owner=user, title=DEMO_SESSION_TITLE)
+        shutil.copy(DEMO_DATA / "tickets.csv", engine.workspace_path(session) / "tickets.csv")
+        # Committed now; a worker picks it up when the stack starts (brain recovery on worker start).
+        brain.submit_input(session, kind="message", text=DEMO_TASK, attachments=["tickets.csv"], user=user)
+        return session

@@ -1,0 +1,119 @@
+"""Admin for model configurations (editable) and read-only views of Session evidence."""
+
+from django import forms
+from django.contrib import admin
+
+from tenancy_app.admin import TenantScopedAdmin
+from tenancy_app.crypto import encrypt
+
+from .models import Input, Message, ModelCall, ModelConfig, Session, SessionEvent
+
+
+class ModelConfigForm(forms.ModelForm):
+    api_key = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Write-only: stored encrypted, never shown. Leave empty to keep the current key.",
+    )
+
+    class Meta:
+        model = ModelConfig
+        fields = [
+            "tenant",
+            "name",
+            "base_url",
+            "api_key",
+            "model",
+            "context_window",
+            "max_output_tokens",
+            "temperature",
+            "is_default",
+        ]
+
+    def clean(self):
+        cleaned = super().clean()
+        window, output = cleaned.get("context_window"), cleaned.get("max_output_tokens")
+        if window and output and output >= window:
+            raise forms.ValidationError("max_output_tokens must be smaller than context_window.")
+        return cleaned
+
+    def save(self, commit=True):
+        if self.cleaned_data.get("api_key"):
+            self.instance.api_key_encrypted = encrypt(self.cleaned_data["api_key"])
+        return super().save(commit)
+
+
+@admin.register(ModelConfig)
+class ModelConfigAdmin(TenantScopedAdmin):
+    form = ModelConfigForm
+    list_display = [
+        "name",
+        "tenant",
+        "model",
+        "base_url",
+        "context_window",
+        "max_output_tokens",
+        "is_default",
+        "has_key",
+    ]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "is_default"]
+    search_fields = ["name", "model"]
+
+    @admin.display(boolean=True, description="API key set")
+    def has_key(self, obj):
+        return bool(obj.api_key_encrypted)
+
+
+class ReadOnlyAdmin(TenantScopedAdmin):
+    """Evidence is a projection: admins read it, only the runtime writes it."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Session)
+class SessionAdmin(ReadOnlyAdmin):
+    list_display = ["id", "title", "tenant", "owner", "kind", "status", "created_at", "archived_at"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "status", "kind"]
+    search_fields = ["title", "session_goal", "phase_goal"]
+
+
+@admin.register(Input)
+class InputAdmin(ReadOnlyAdmin):
+    list_display = ["id", "session", "kind", "status", "created_at", "consumed_at"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "kind", "status"]
+
+
+@admin.register(Message)
+class MessageAdmin(ReadOnlyAdmin):
+    list_display = ["id", "session", "role", "tool_name", "is_error", "created_at"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "role"]
+
+
+@admin.register(SessionEvent)
+class SessionEventAdmin(ReadOnlyAdmin):
+    list_display = ["session", "seq", "type", "created_at"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "type"]
+
+
+@admin.register(ModelCall)
+class ModelCallAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "session",
+        "purpose",
+        "model",
+        "finish_reason",
+        "attempts",
+        "prompt_tokens",
+        "completion_tokens",
+        "latency_ms",
+        "started_at",
+    ]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "purpose", "finish_reason"]

@@ -1,0 +1,166 @@
+from rest_framework import serializers
+
+from ..choices import InputKind, SessionKind
+from ..models import Input, Message, ModelCall, ModelConfig, Session, SessionEvent
+from ..runtime.llm.config import resolve_model
+
+
+class SessionSerializer(serializers.ModelSerializer):
+    goal = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=10000)
+    model = serializers.CharField(
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        help_text="name of one of the tenant's model configurations",
+    )
+    parent = serializers.PrimaryKeyRelatedField(
+        queryset=Session.objects.none(), required=False, allow_null=True
+    )
+    capabilities = serializers.SerializerMethodField()
+    usage = serializers.SerializerMethodField()
+    model_label = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Session
+        fields = [
+            "id",
+            "title",
+            "kind",
+            "parent",
+            "status",
+            "status_reason",
+            "session_goal",
+            "phase_goal",
+            "created_at",
+            "updated_at",
+            "capabilities",
+            "usage",
+            "model_label",
+            "goal",
+            "model",
+        ]
+        read_only_fields = [
+            "id",
+            "status",
+            "status_reason",
+            "session_goal",
+            "phase_goal",
+            "created_at",
+            "updated_at",
+        ]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        tenant = getattr(request, "tenant", None)
+        if tenant is not None:
+            # A parent can only be one of this tenant's Sessions: others simply do not exist here.
+            self.fields["parent"].queryset = Session.objects.for_tenant(tenant)
+
+    def get_capabilities(self, obj) -> dict:
+        from tools_app.registry import default_tool_names
+
+        return {"skills": [], "tools": list(default_tool_names())}
+
+    def get_usage(self, obj) -> dict:
+        return {"prompt_tokens": obj.prompt_tokens, "completion_tokens": obj.completion_tokens}
+
+    def get_model_label(self, obj) -> str:
+        return resolve_model(obj).label
+
+    def validate_kind(self, value):
+        if value not in SessionKind.values:
+            raise serializers.ValidationError(f"Use one of {', '.join(SessionKind.values)}.")
+        return value
+
+    def validate_model(self, value):
+        if not value:
+            return None
+        tenant = self.context["request"].tenant
+        config = ModelConfig.objects.for_tenant(tenant).filter(name=value).first()
+        if config is None:
+            raise serializers.ValidationError(f"No model configuration named {value!r} in this tenant.")
+        return config
+
+    def validate(self, attrs):
+        if attrs.get("kind") == SessionKind.SUB and not attrs.get("parent"):
+            raise serializers.ValidationError({"parent": "A sub-Session needs its parent Session."})
+        return attrs
+
+
+class SessionUpdateSerializer(serializers.Serializer):
+    title = serializers.CharField(max_length=200, allow_blank=True)
+
+
+class InputCreateSerializer(serializers.Serializer):
+    text = serializers.CharField(max_length=100_000, allow_blank=False, trim_whitespace=False)
+    kind = serializers.ChoiceField(choices=[InputKind.MESSAGE, InputKind.GUIDANCE], default=InputKind.MESSAGE)
+    attachments = serializers.ListField(
+        child=serializers.CharField(max_length=1000), required=False, max_length=50
+    )
+
+
+class InputSerializer(serializers.ModelSerializer):
+    input_id = serializers.IntegerField(source="id")
+
+    class Meta:
+        model = Input
+        fields = ["input_id", "kind", "status", "created_at"]
+
+
+class MessageSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Message
+        fields = [
+            "id",
+            "role",
+            "content",
+            "tool_calls",
+            "tool_call_id",
+            "tool_name",
+            "is_error",
+            "turn",
+            "created_at",
+        ]
+
+
+class EventSerializer(serializers.ModelSerializer):
+    ts = serializers.DateTimeField(source="created_at")
+
+    class Meta:
+        model = SessionEvent
+        fields = ["seq", "type", "ts", "data"]
+
+
+class ModelCallSerializer(serializers.ModelSerializer):
+    system_prompt_digest = serializers.CharField(source="system_prompt.digest", default="")
+    tool_schemas_digest = serializers.CharField(source="tool_schemas.digest", default="")
+
+    class Meta:
+        model = ModelCall
+        fields = [
+            "id",
+            "turn",
+            "purpose",
+            "provider",
+            "model",
+            "base_url",
+            "params",
+            "system_prompt_digest",
+            "tool_schemas_digest",
+            "first_message_id",
+            "last_message_id",
+            "message_count",
+            "messages_digest",
+            "fact_versions",
+            "estimated_prompt_tokens",
+            "prompt_tokens",
+            "completion_tokens",
+            "finish_reason",
+            "attempts",
+            "attempt_errors",
+            "error",
+            "latency_ms",
+            "started_at",
+            "ended_at",
+        ]

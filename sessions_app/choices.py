@@ -1,0 +1,59 @@
+from django.db import models
+
+
+class SessionKind(models.TextChoices):
+    MAIN = "main", "Main session"
+    SUB = "sub", "Sub-session"
+
+
+class SessionStatus(models.TextChoices):
+    IDLE = "idle", "Idle"
+    PREPARING = "preparing", "Preparing"
+    RUNNING = "running", "Running"
+    WAITING_APPROVAL = "waiting_approval", "Waiting for approval"
+    COMPRESSING = "compressing", "Compressing"
+    INTERRUPTED = "interrupted", "Interrupted"
+    FAILED = "failed", "Failed"
+
+
+class InputKind(models.TextChoices):
+    MESSAGE = "message", "Message"
+    GUIDANCE = "guidance", "Guidance"
+    INTERRUPT = "interrupt", "Interrupt"
+    APPROVAL_DECISION = "approval_decision", "Approval decision"
+    SESSION_EVENT = "session_event", "Session event"
+
+
+class InputStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    CONSUMED = "consumed", "Consumed"
+
+
+class TurnReason(models.TextChoices):
+    COMPLETED = "completed", "Completed"
+    BLOCKED = "blocked", "Blocked"
+    MAX_TOKENS = "max_tokens", "Max tokens"
+    ABORTED = "aborted", "Aborted"
+    ERROR = "error", "Error"
+    INTERRUPTED = "interrupted", "Interrupted"
+
+
+class Role(models.TextChoices):
+    USER = "user", "User"
+    ASSISTANT = "assistant", "Assistant"
+    TOOL = "tool", "Tool"
+    SYSTEM = "system", "System"
+
+
+class PlanTaskStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    IN_PROGRESS = "in_progress", "In progress"
+    DONE = "done", "Done"
+    SKIPPED = "skipped", "Skipped"
+
+
+class CallPurpose(models.TextChoices):
+    AGENT = "agent", "Agent step"
+    TASK_RELATION = "task_relation", "Task relation"
+    ORCHESTRATE = "orchestrate", "Orchestration"
+    SUMMARY = "summary", "Summary"

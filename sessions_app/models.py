@@ -1,0 +1,275 @@
+"""Session facts. SessionEngine (runtime/engine.py) and Brain (runtime/brain.py) are the
+only writers; edges read through `for_tenant` and call their operations."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+from tenancy_app.models import TenantOwnedModel
+
+from .choices import (
+    CallPurpose,
+    InputKind,
+    InputStatus,
+    PlanTaskStatus,
+    Role,
+    SessionKind,
+    SessionStatus,
+    TurnReason,
+)
+
+
+class ModelConfig(TenantOwnedModel):
+    """An OpenAI-compatible endpoint a tenant's Sessions may use.
+
+    Without any row, Sessions use the environment default (OPENAI_*), and without an
+    API key there, the scripted demo model.
+    """
+
+    name = models.CharField(max_length=100)
+    base_url = models.URLField(max_length=500, blank=True, help_text="e.g. https://api.openai.com/v1")
+    api_key_encrypted = models.TextField(blank=True, editable=False)
+    model = models.CharField(max_length=200)
+    context_window = models.PositiveIntegerField(default=128000)
+    max_output_tokens = models.PositiveIntegerField(default=4096)
+    temperature = models.FloatField(null=True, blank=True)
+    is_default = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="unique_model_config_name"),
+            models.UniqueConstraint(
+                fields=["tenant"], condition=models.Q(is_default=True), name="one_default_model_config"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.model})"
+
+
+class Session(TenantOwnedModel):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="agent_sessions"
+    )
+    kind = models.CharField(max_length=10, choices=SessionKind.choices, default=SessionKind.MAIN)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    title = models.CharField(max_length=200, blank=True)
+    status = models.CharField(max_length=20, choices=SessionStatus.choices, default=SessionStatus.IDLE)
+    status_reason = models.CharField(max_length=500, blank=True)
+    session_goal = models.TextField(blank=True)
+    phase_goal = models.TextField(blank=True)
+    model_config = models.ForeignKey(
+        ModelConfig, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Bumped by every change of what a request is assembled from (model, skills, tools), and
+    # recorded in each ModelCall, so evidence tells which configuration a request saw.
+    config_version = models.PositiveIntegerField(default=1)
+    # The first message the model still sees; earlier ones are summarized by a checkpoint.
+    context_start_message = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    current_turn = models.ForeignKey(
+        "Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Single runner (ARCHITECTURE §3): who holds the lease, until when, and whether work arrived meanwhile.
+    runner_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    wake_requested = models.BooleanField(default=False)
+    last_event_seq = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    archived_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"]),
+            models.Index(fields=["lease_expires_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or str(self.id)
+
+
+class Input(TenantOwnedModel):
+    """The Session's input queue. Every input is committed here before anything can fail."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="inputs")
+    kind = models.CharField(max_length=20, choices=InputKind.choices)
+    payload = models.JSONField(default=dict)
+    # NULL, not "", for "no key": the unique constraint must not treat keyless inputs as duplicates.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    status = models.CharField(max_length=10, choices=InputStatus.choices, default=InputStatus.QUEUED)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    consumed_at = models.DateTimeField(null=True, blank=True)
+    turn = models.ForeignKey("Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="inputs")
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session", "idempotency_key"], name="unique_input_idempotency_key"
+            )
+        ]
+        indexes = [models.Index(fields=["session", "status", "id"])]
+
+
+class Turn(TenantOwnedModel):
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turns")
+    number = models.PositiveIntegerField()
+    reason = models.CharField(max_length=20, choices=TurnReason.choices, blank=True)
+    reason_detail = models.CharField(max_length=1000, blank=True)
+    steps = models.PositiveIntegerField(default=0)
+    # Loop-guard memory across steps and slices: {"failure_signature", "repeats", "idle_rounds"}.
+    guard_state = models.JSONField(default=dict, blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["session", "number"], name="unique_turn_number")]
+
+    @property
+    def is_open(self) -> bool:
+        return self.ended_at is None
+
+
+class Message(TenantOwnedModel):
+    """Append-only history. Raw history is never deleted, compression only moves the window."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
+    turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")
+    role = models.CharField(max_length=10, choices=Role.choices)
+    content = models.TextField(blank=True)
+    # [{"id", "name", "arguments"}]: arguments kept as the model sent them (a JSON string).
+    tool_calls = models.JSONField(default=list, blank=True)
+    tool_call_id = models.CharField(max_length=200, blank=True)
+    tool_name = models.CharField(max_length=200, blank=True)
+    is_error = models.BooleanField(default=False)
+    input = models.ForeignKey(Input, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["session", "id"])]
+
+
+class PromptBlob(TenantOwnedModel):
+    """System prompts and tool schemas stored once by content hash and referenced by evidence."""
+
+    digest = models.CharField(max_length=64)
+    kind = models.CharField(max_length=20)
+    content = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "digest"], name="unique_prompt_blob")]
+
+
+class ModelCall(TenantOwnedModel):
+    """Request evidence for one model call: a read-only projection, never a source of truth."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="model_calls")
+    turn = models.ForeignKey(
+        Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="model_calls"
+    )
+    purpose = models.CharField(max_length=20, choices=CallPurpose.choices, default=CallPurpose.AGENT)
+    provider = models.CharField(max_length=20)
+    model = models.CharField(max_length=200)
+    base_url = models.CharField(max_length=500, blank=True)
+    params = models.JSONField(default=dict)
+    system_prompt = models.ForeignKey(PromptBlob, null=True, on_delete=models.PROTECT, related_name="+")
+    tool_schemas = models.ForeignKey(PromptBlob, null=True, on_delete=models.PROTECT, related_name="+")
+    first_message_id = models.BigIntegerField(null=True)
+    last_message_id = models.BigIntegerField(null=True)
+    message_count = models.PositiveIntegerField(default=0)
+    messages_digest = models.CharField(max_length=64, blank=True)
+    fact_versions = models.JSONField(default=dict)
+    estimated_prompt_tokens = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    finish_reason = models.CharField(max_length=30, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    attempt_errors = models.JSONField(default=list)
+    error = models.TextField(blank=True)
+    latency_ms = models.PositiveIntegerField(null=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class SessionEvent(TenantOwnedModel):
+    """Append-only event log with a per-Session gap-free `seq`: the truth clients catch up from."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=50)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [models.UniqueConstraint(fields=["session", "seq"], name="unique_event_seq")]
+
+    def as_dict(self) -> dict:
+        return {"seq": self.seq, "type": self.type, "ts": self.created_at.isoformat(), "data": self.data}
+
+
+class Plan(TenantOwnedModel):
+    session = models.OneToOneField(Session, on_delete=models.CASCADE, related_name="plan")
+    title = models.CharField(max_length=300)
+    version = models.PositiveIntegerField(default=1)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def as_dict(self) -> dict:
+        return {
+            "title": self.title,
+            "tasks": [
+                {"id": t.task_id, "title": t.title, "status": t.status}
+                for t in self.tasks.order_by("position")
+            ],
+        }
+
+
+class PlanTask(TenantOwnedModel):
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="tasks")
+    task_id = models.CharField(max_length=50)
+    position = models.PositiveIntegerField()
+    title = models.CharField(max_length=500)
+    status = models.CharField(max_length=20, choices=PlanTaskStatus.choices, default=PlanTaskStatus.PENDING)
+
+    class Meta:
+        ordering = ["position"]
+        constraints = [models.UniqueConstraint(fields=["plan", "task_id"], name="unique_plan_task_id")]
+
+
+class RunnerSlice(TenantOwnedModel):
+    """Audit of every runner slice: who held the lease when, and what it consumed.
+
+    Lets tests and operators prove the single-runner rule (no two slices of one Session overlap).
+    """
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runner_slices")
+    token = models.UUIDField()
+    worker = models.CharField(max_length=200, blank=True)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True)
+    steps = models.PositiveIntegerField(default=0)
+    inputs_consumed = models.PositiveIntegerField(default=0)
+    outcome = models.CharField(max_length=50, blank=True)
+
+    class Meta:
+        ordering = ["id"]

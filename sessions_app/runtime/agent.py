@@ -1,0 +1,312 @@
+"""AgentService: the fixed LLM/Tool loop of one turn, one step at a time (ARCHITECTURE §2).
+
+A step: assemble the request from owner facts -> stream one model call -> either a final
+answer (turn `completed`), a truncated answer (turn `max_tokens`, nothing executed), or tool
+calls, each run through ToolService and committed with its result. AgentService keeps no
+history of its own: every step starts from what SessionEngine has committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from tools_app.base import ToolContext, ToolError
+from tools_app.registry import NATIVE_TOOLS, default_tool_names
+from tools_app.service import ToolService
+
+from ..choices import InputKind, TurnReason
+from ..models import Session, Turn
+from . import engine
+from .events import broadcast_delta
+from .llm.base import Cancelled, CancelSignal, ModelCallFailed
+from .llm.config import DEMO_PROVIDER, EffectiveModel
+
+logger = logging.getLogger(__name__)
+
+DELTA_FLUSH_S = 0.05
+INTERRUPT_POLL_S = 0.25
+
+
+def loop_guard_limits() -> tuple[int, int, int]:
+    return (
+        getattr(settings, "XAGENT_LOOP_GUARD_REPEATS", 3),
+        getattr(settings, "XAGENT_LOOP_GUARD_IDLE_ROUNDS", 6),
+        getattr(settings, "XAGENT_MAX_STEPS_PER_TURN", 100),
+    )
+
+
+def get_provider(model: EffectiveModel):
+    if model.provider == DEMO_PROVIDER:
+        from .llm.demo import DemoModelProvider
+
+        return DemoModelProvider(model)
+    from .llm.openai_provider import OpenAIChatProvider
+
+    return OpenAIChatProvider(model)
+
+
+class RuntimeSessionPort:
+    """The SessionPort tools use: each call is a fenced SessionEngine operation."""
+
+    def __init__(self, session_id, token):
+        self.session_id, self.token = session_id, token
+
+    def plan_create(self, title: str, tasks: list[str]) -> dict:
+        return engine.plan_create(self.session_id, self.token, title, tasks)
+
+    def plan_update(self, updates: list[dict]) -> dict:
+        try:
+            return engine.plan_update(self.session_id, self.token, updates)
+        except ValueError as exc:  # the model's mistake (no plan, unknown id): a result it can read
+            raise ToolError(str(exc), code="invalid_plan_update") from exc
+
+    def task_complete(self, task_id: str, summary: str) -> dict:
+        return self.plan_update([{"id": task_id, "status": "done"}])
+
+    def file_changed(self, path: str, op: str) -> None:
+        engine.file_changed(self.session_id, self.token, path, op)
+
+
+class InterruptWatcher:
+    """Polls the queue for an interrupt while a model call or tool runs, and fires `cancel`.
+
+    A thread (not the streaming loop) watches, so a model that sends nothing for a while is
+    still cancelled within the poll interval.
+    """
+
+    def __init__(self, session_id, cancel: CancelSignal):
+        self.session_id, self.cancel = session_id, cancel
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"interrupt-watch-{session_id}", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self):
+        from django.db import close_old_connections, connection
+
+        try:
+            while not self._stop.wait(INTERRUPT_POLL_S):
+                if engine.queued_inputs(self.session_id, [InputKind.INTERRUPT]).exists():
+                    self.cancel.set()
+                    return
+        except Exception:
+            logger.warning("interrupt watcher for %s stopped", self.session_id, exc_info=True)
+        finally:
+            close_old_connections()
+            connection.close()
+
+
+class DeltaCoalescer:
+    """Batches streamed text into one `model.delta` message per ~50 ms."""
+
+    def __init__(self, session_id, model_call_id: int):
+        self.session_id, self.model_call_id = session_id, model_call_id
+        self.buffer: list[str] = []
+        self.last_flush = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        self.buffer.append(text)
+        if time.monotonic() - self.last_flush >= DELTA_FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buffer:
+            broadcast_delta(self.session_id, self.model_call_id, "".join(self.buffer))
+            self.buffer.clear()
+        self.last_flush = time.monotonic()
+
+
+@dataclass
+class StepResult:
+    ended: str | None = None  # a TurnReason when the turn ended in this step
+    detail: str = ""
+
+
+def _signature(name: str, arguments: str) -> str:
+    try:
+        canonical = json.dumps(json.loads(arguments), sort_keys=True)
+    except (ValueError, TypeError):
+        canonical = arguments
+    return hashlib.sha256(f"{name}\x00{canonical}".encode()).hexdigest()[:16]
+
+
+class AgentService:
+    def __init__(self, session_id, token, cancel: CancelSignal | None = None):
+        self.session_id = session_id
+        self.token = token
+        self.cancel = cancel or CancelSignal()
+        self.tool_service = ToolService()
+
+    def available_tools(self, session: Session) -> dict:
+        # Capabilities per Session arrive with tool governance; until then: the default native set.
+        return {name: NATIVE_TOOLS[name] for name in default_tool_names()}
+
+    def step(self, turn_id: int) -> StepResult:
+        session = Session.objects.get(pk=self.session_id)
+        turn = Turn.objects.get(pk=turn_id)
+        repeats_limit, idle_limit, max_steps = loop_guard_limits()
+        if turn.steps >= max_steps:
+            return self._end(
+                turn_id, TurnReason.BLOCKED, f"loop guard: {max_steps} steps without finishing the task"
+            )
+
+        tools = self.available_tools(session)
+        request = engine.assemble_request(self.session_id, [t.openai_schema() for t in tools.values()])
+        call = engine.begin_model_call(self.session_id, self.token, turn_id, request)
+        coalescer = DeltaCoalescer(self.session_id, call.pk)
+        started = time.monotonic()
+        try:
+            with InterruptWatcher(self.session_id, self.cancel):
+                result = get_provider(request.model).complete(
+                    request.messages, request.tools, purpose="agent", on_delta=coalescer, cancel=self.cancel
+                )
+        except Cancelled:
+            coalescer.flush()
+            engine.end_model_call(
+                self.session_id,
+                self.token,
+                call,
+                finish_reason="cancelled",
+                usage={},
+                attempts=1,
+                attempt_errors=[],
+                latency_ms=_ms(started),
+                error="interrupted by the user",
+            )
+            return StepResult()  # the runner applies the queued interrupt next
+        except ModelCallFailed as exc:
+            coalescer.flush()
+            engine.end_model_call(
+                self.session_id,
+                self.token,
+                call,
+                finish_reason="error",
+                usage={},
+                attempts=exc.attempts,
+                attempt_errors=exc.attempt_errors,
+                latency_ms=_ms(started),
+                error=str(exc),
+            )
+            return self._end(turn_id, TurnReason.ERROR, f"model call failed: {exc}")
+        coalescer.flush()
+        engine.end_model_call(
+            self.session_id,
+            self.token,
+            call,
+            finish_reason=result.finish_reason,
+            usage=result.usage,
+            attempts=result.attempts,
+            attempt_errors=result.attempt_errors,
+            latency_ms=_ms(started),
+        )
+
+        if result.finish_reason == "length":
+            # A truncated response may hold a half-written tool call: nothing from it runs.
+            engine.commit_assistant_message(self.session_id, self.token, turn_id, result.text, [])
+            dropped = (
+                f"; {len(result.tool_calls)} unfinished tool call(s) not executed"
+                if result.tool_calls
+                else ""
+            )
+            return self._end(turn_id, TurnReason.MAX_TOKENS, f"the model hit its output limit{dropped}")
+        if not result.tool_calls:
+            engine.commit_assistant_message(self.session_id, self.token, turn_id, result.text, [])
+            return self._end(turn_id, TurnReason.COMPLETED)
+
+        engine.commit_assistant_message(self.session_id, self.token, turn_id, result.text, result.tool_calls)
+        guard = dict(turn.guard_state)
+        progressed = False
+        ctx = ToolContext(
+            session_id=str(self.session_id),
+            tenant_id=session.tenant_id,
+            workspace=engine.workspace_path(session),
+            port=RuntimeSessionPort(self.session_id, self.token),
+        )
+        for call_spec in result.tool_calls:
+            if self.cancel.is_set() or engine.queued_inputs(self.session_id, [InputKind.INTERRUPT]).exists():
+                # Every tool call in history keeps a result, so the next request stays valid.
+                engine.commit_tool_result(
+                    self.session_id,
+                    self.token,
+                    turn_id,
+                    call_id=call_spec["id"],
+                    tool=call_spec["name"],
+                    content="Not run: the user interrupted the turn.",
+                    ok=False,
+                    summary="cancelled by interrupt",
+                )
+                continue
+            engine.announce_tool_started(
+                self.session_id,
+                self.token,
+                call_spec["id"],
+                call_spec["name"],
+                _display_arguments(call_spec["arguments"]),
+            )
+            ctx.call_id = call_spec["id"]
+            outcome = self.tool_service.execute(
+                call_spec["id"], call_spec["name"], call_spec["arguments"], ctx, tools
+            )
+            engine.commit_tool_result(
+                self.session_id,
+                self.token,
+                turn_id,
+                call_id=call_spec["id"],
+                tool=call_spec["name"],
+                content=outcome.content,
+                ok=outcome.ok,
+                summary=outcome.summary,
+            )
+            if outcome.ok:
+                progressed = True
+                guard["repeats"] = 0
+                guard["failure_signature"] = ""
+            else:
+                signature = _signature(call_spec["name"], call_spec["arguments"])
+                guard["repeats"] = (
+                    guard.get("repeats", 0) + 1 if guard.get("failure_signature") == signature else 1
+                )
+                guard["failure_signature"] = signature
+        guard["idle_rounds"] = 0 if progressed else guard.get("idle_rounds", 0) + 1
+        engine.record_step(turn_id, guard)
+        if guard.get("repeats", 0) >= repeats_limit:
+            return self._end(
+                turn_id,
+                TurnReason.BLOCKED,
+                f"loop guard: the same failing tool call was repeated {guard['repeats']} times",
+            )
+        if guard["idle_rounds"] >= idle_limit:
+            return self._end(
+                turn_id,
+                TurnReason.BLOCKED,
+                f"loop guard: {guard['idle_rounds']} rounds of tool calls without progress",
+            )
+        return StepResult()
+
+    def _end(self, turn_id: int, reason: str, detail: str = "") -> StepResult:
+        engine.finish_turn(self.session_id, self.token, turn_id, reason, detail)
+        return StepResult(ended=reason, detail=detail)
+
+
+def _display_arguments(raw: str):
+    try:
+        return json.loads(raw)
+    except (ValueError, TypeError):
+        return {"_raw": raw[:2000]}
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)

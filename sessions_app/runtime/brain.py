@@ -1,0 +1,222 @@
+"""Brain: input scheduling and the single runner per Session (ARCHITECTURE §1, §3).
+
+Every input is committed to the queue first, then `wake` makes sure a runner will look.
+A runner is a `sessions.drive_session` task that claims the Session's lease with a
+compare-and-set, works a bounded slice (a few steps or seconds), and either releases —
+re-checking the queue and the wake flag in the releasing transaction — or re-enqueues
+itself so long turns share workers fairly. A second runner never waits or fails: it sets
+`wake_requested` and leaves. Concurrent input is queued, never rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import uuid
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from ..choices import InputKind, SessionStatus, TurnReason
+from ..models import RunnerSlice, Session
+from . import engine
+from .agent import AgentService
+from .llm.base import CancelSignal
+
+logger = logging.getLogger(__name__)
+
+LEASE_S = 60
+SLICE_MAX_STEPS = 8
+SLICE_MAX_SECONDS = 30.0
+TURN_STARTING_KINDS = (InputKind.MESSAGE, InputKind.GUIDANCE)
+
+
+# --- inputs --------------------------------------------------------------------------------------
+
+
+def submit_input(
+    session: Session,
+    *,
+    kind: str,
+    text: str = "",
+    attachments=None,
+    user=None,
+    idempotency_key=None,
+    extra: dict | None = None,
+):
+    """The one entry for every input (REST, WebSocket, browser): commit, then wake after commit."""
+    payload = {"text": text, **({"attachments": list(attachments)} if attachments else {}), **(extra or {})}
+    with transaction.atomic():
+        created_input, created = engine.enqueue_input(
+            session.pk, kind=kind, payload=payload, idempotency_key=idempotency_key, user=user
+        )
+        if created:
+            transaction.on_commit(lambda: wake(session.pk))
+    return created_input, created
+
+
+def interrupt(session: Session, user=None):
+    return submit_input(session, kind=InputKind.INTERRUPT, user=user)
+
+
+# --- the lease -------------------------------------------------------------------------------------
+
+
+def wake(session_id) -> None:
+    """Make sure a runner will look at this Session soon.
+
+    If a live runner holds the lease, flag it (it re-checks before releasing); else enqueue one.
+    """
+    flagged = Session.objects.filter(
+        pk=session_id, runner_token__isnull=False, lease_expires_at__gt=timezone.now()
+    ).update(wake_requested=True)
+    if not flagged:
+        from ..tasks import drive_session
+
+        drive_session.delay(str(session_id))
+
+
+def acquire(session_id) -> uuid.UUID | None:
+    """Claim the runner lease (compare-and-set). None: someone else runs; they were flagged."""
+    token = uuid.uuid4()
+    now = timezone.now()
+    claimed = (
+        Session.objects.filter(pk=session_id)
+        .filter(Q(runner_token__isnull=True) | Q(lease_expires_at__lt=now))
+        .update(runner_token=token, lease_expires_at=now + timedelta(seconds=LEASE_S), wake_requested=False)
+    )
+    if claimed:
+        return token
+    Session.objects.filter(pk=session_id).update(wake_requested=True)
+    return None
+
+
+def heartbeat(session_id, token) -> None:
+    extended = Session.objects.filter(pk=session_id, runner_token=token).update(
+        lease_expires_at=timezone.now() + timedelta(seconds=LEASE_S)
+    )
+    if not extended:
+        raise engine.LeaseLost(f"session {session_id}: lease lost")
+
+
+def release(session_id, token, *, keep_if_work: bool = True) -> bool:
+    """Release the lease unless work remains. Returns True when the caller must keep draining.
+
+    The check and the release share one transaction with the row lock, so an input committed
+    at any moment is either seen here or finds the lease free and enqueues its own runner.
+    """
+    with engine.locked_session(session_id, token) as session:
+        if keep_if_work and (session.wake_requested or engine.has_pending_work(session)):
+            Session.objects.filter(pk=session_id).update(wake_requested=False)
+            if engine.has_pending_work(session):
+                return True
+        Session.objects.filter(pk=session_id).update(
+            runner_token=None, lease_expires_at=None, wake_requested=False
+        )
+        return False
+
+
+# --- the runner ----------------------------------------------------------------------------------------
+
+
+def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = SLICE_MAX_SECONDS) -> str:
+    """One bounded slice of work for one Session. Returns what happened (for logs and tests)."""
+    if not Session.objects.filter(pk=session_id).exists():
+        return "gone"
+    token = acquire(session_id)
+    if token is None:
+        return "busy"
+    session = Session.objects.only("tenant_id").get(pk=session_id)
+    audit = RunnerSlice.objects.create(
+        tenant_id=session.tenant_id,
+        session_id=session_id,
+        token=token,
+        worker=socket.gethostname(),
+        started_at=timezone.now(),
+    )
+    steps = consumed = 0
+    outcome = "released"
+    deadline = time.monotonic() + max_seconds
+    try:
+        while True:
+            if steps >= max_steps or time.monotonic() >= deadline:
+                release(session_id, token, keep_if_work=False)
+                outcome = "yielded"
+                break
+            heartbeat(session_id, token)
+            did, used = _advance(session_id, token)
+            steps += did
+            consumed += used
+            if not did and not used and not release(session_id, token):
+                break
+    except engine.LeaseLost:
+        outcome = "lease_lost"
+    except Exception as exc:
+        logger.exception("runner for session %s crashed", session_id)
+        outcome = "error"
+        _fail_open_turn(session_id, token, exc)
+    finally:
+        RunnerSlice.objects.filter(pk=audit.pk).update(
+            ended_at=timezone.now(), steps=steps, inputs_consumed=consumed, outcome=outcome
+        )
+    if outcome == "yielded":
+        wake(session_id)
+    return outcome
+
+
+def _advance(session_id, token) -> tuple[int, int]:
+    """Do the next unit of work. Returns (model steps taken, inputs consumed)."""
+    if engine.consume_interrupts(session_id, token):
+        return 0, 1
+    session = Session.objects.only("current_turn_id", "status").get(pk=session_id)
+    if session.current_turn_id is not None:
+        if session.status not in (SessionStatus.RUNNING, SessionStatus.PREPARING):
+            return 0, 0  # parked (waiting for a human): new messages wait until the turn ends
+        consumed = len(engine.consume_guidance(session_id, token, session.current_turn_id))
+        AgentService(session_id, token, CancelSignal()).step(session.current_turn_id)
+        return 1, consumed
+    next_input = engine.queued_inputs(session_id, TURN_STARTING_KINDS).first()
+    if next_input is None:
+        # Anything else still queued (e.g. a decision for a future approval) stays for its owner.
+        return 0, 0
+    engine.start_turn(session_id, token, next_input)
+    return 0, 1
+
+
+def _fail_open_turn(session_id, token, exc: Exception) -> None:
+    """A crash inside the slice: close the turn `error` so the Session never looks busy forever."""
+    try:
+        with engine.locked_session(session_id, token) as session:
+            if session.current_turn is not None:
+                engine.end_turn(
+                    session,
+                    session.current_turn,
+                    TurnReason.ERROR,
+                    f"internal error: {exc.__class__.__name__}",
+                )
+            else:
+                engine.set_status(session, SessionStatus.FAILED, f"internal error: {exc.__class__.__name__}")
+        release(session_id, token, keep_if_work=False)
+    except engine.LeaseLost:
+        pass
+    except Exception:
+        logger.exception("could not close the turn of session %s after a crash", session_id)
+
+
+def recover_stale_sessions() -> int:
+    """Wake Sessions that have queued work but no live runner (after a restart or lost task)."""
+    now = timezone.now()
+    stale = (
+        Session.objects.filter(archived_at__isnull=True)
+        .filter(Q(runner_token__isnull=True) | Q(lease_expires_at__lt=now))
+        .filter(Q(inputs__status="queued") | Q(status__in=[SessionStatus.RUNNING, SessionStatus.PREPARING]))
+        .distinct()
+    )
+    count = 0
+    for session_id in stale.values_list("pk", flat=True):
+        wake(session_id)
+        count += 1
+    return count

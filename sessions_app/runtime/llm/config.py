@@ -1,0 +1,72 @@
+"""Which model a Session talks to: its own ModelConfig, the tenant default, the environment
+default (OPENAI_*), or — with no key anywhere — the scripted demo model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from tenancy_app.crypto import decrypt
+
+from ...models import ModelConfig, Session
+
+DEMO_PROVIDER = "demo"
+OPENAI_PROVIDER = "openai"
+
+
+@dataclass(frozen=True)
+class EffectiveModel:
+    provider: str
+    name: str
+    model: str
+    base_url: str
+    api_key: str
+    context_window: int
+    max_output_tokens: int
+    temperature: float | None = None
+
+    @property
+    def label(self) -> str:
+        return (
+            "demo model (scripted, no LLM configured)"
+            if self.provider == DEMO_PROVIDER
+            else f"{self.name}: {self.model}"
+        )
+
+
+def resolve_model(session: Session) -> EffectiveModel:
+    config = session.model_config
+    if config is None:
+        config = ModelConfig.objects.for_tenant(session.tenant_id).filter(is_default=True).first()
+    if config is not None:
+        return EffectiveModel(
+            provider=OPENAI_PROVIDER,
+            name=config.name,
+            model=config.model,
+            base_url=config.base_url,
+            # Local OpenAI-compatible servers (vLLM, Ollama) accept any key; the SDK insists on one.
+            api_key=decrypt(config.api_key_encrypted) or "not-needed",
+            context_window=config.context_window,
+            max_output_tokens=config.max_output_tokens,
+            temperature=config.temperature,
+        )
+    if settings.OPENAI_API_KEY:
+        return EffectiveModel(
+            provider=OPENAI_PROVIDER,
+            name="default",
+            model=settings.XAGENT_MODEL or "gpt-4o-mini",
+            base_url=settings.OPENAI_BASE_URL,
+            api_key=settings.OPENAI_API_KEY,
+            context_window=settings.XAGENT_CONTEXT_WINDOW,
+            max_output_tokens=settings.XAGENT_MAX_OUTPUT_TOKENS,
+        )
+    return EffectiveModel(
+        provider=DEMO_PROVIDER,
+        name="demo",
+        model="xagent-demo",
+        base_url="",
+        api_key="",
+        context_window=settings.XAGENT_CONTEXT_WINDOW,
+        max_output_tokens=settings.XAGENT_MAX_OUTPUT_TOKENS,
+    )

@@ -1,0 +1,133 @@
+"""OpenAIChatProvider: streamed Chat Completions against any OpenAI-compatible endpoint."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import openai
+
+from .base import Cancelled, CancelSignal, ModelCallFailed, ModelResult
+from .config import EffectiveModel
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3
+BACKOFF_S = (0.5, 2.0)
+# Connect fast, but let a slow model think: the read timeout bounds silence between chunks.
+TIMEOUT = openai.Timeout(connect=10.0, read=120.0, write=30.0, pool=10.0)
+
+_TRANSIENT = (
+    openai.APIConnectionError,
+    openai.APITimeoutError,
+    openai.RateLimitError,
+    openai.InternalServerError,
+)
+
+
+def _is_transient(exc: Exception) -> bool:
+    if isinstance(exc, _TRANSIENT):
+        return True
+    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
+
+
+class OpenAIChatProvider:
+    def __init__(self, model: EffectiveModel):
+        self.model = model
+        self.client = openai.OpenAI(
+            base_url=model.base_url or None, api_key=model.api_key, max_retries=0, timeout=TIMEOUT
+        )
+
+    def complete(
+        self,
+        messages: list[dict],
+        tools: list[dict],
+        *,
+        purpose: str,
+        on_delta: Callable[[str], None] | None = None,
+        cancel: CancelSignal | None = None,
+    ) -> ModelResult:
+        errors: list[str] = []
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                result = self._stream_once(messages, tools, purpose, on_delta, cancel)
+                result.attempts, result.attempt_errors = attempt, errors
+                return result
+            except Cancelled:
+                raise
+            except Exception as exc:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled() from exc
+                errors.append(f"{exc.__class__.__name__}: {exc}"[:500])
+                if not _is_transient(exc) or attempt == MAX_ATTEMPTS:
+                    raise ModelCallFailed(errors[-1], attempt, errors) from exc
+                delay = BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)]
+                logger.warning(
+                    "model call attempt %s failed (%s); retrying in %.1fs", attempt, errors[-1], delay
+                )
+                if cancel is not None and cancel.wait(delay):
+                    raise Cancelled() from exc
+        raise AssertionError("unreachable")
+
+    def _stream_once(self, messages, tools, purpose, on_delta, cancel) -> ModelResult:
+        kwargs = {
+            "model": self.model.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": self.model.max_output_tokens,
+            "extra_headers": {"X-XAgent-Call": purpose},
+        }
+        if tools:
+            kwargs["tools"] = tools
+        if self.model.temperature is not None:
+            kwargs["temperature"] = self.model.temperature
+        stream = self.client.chat.completions.create(**kwargs)
+        # Interrupt closes the HTTP response from the watcher thread, which ends the read loop.
+        unregister = cancel.on_cancel(stream.close) if cancel is not None else (lambda: None)
+        result = ModelResult()
+        calls: dict[int, dict] = {}
+        text_parts: list[str] = []
+        try:
+            for chunk in stream:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled()
+                if chunk.usage is not None:
+                    result.usage = {
+                        "prompt_tokens": chunk.usage.prompt_tokens or 0,
+                        "completion_tokens": chunk.usage.completion_tokens or 0,
+                    }
+                for choice in chunk.choices or []:
+                    delta = choice.delta
+                    if delta is not None and delta.content:
+                        text_parts.append(delta.content)
+                        if on_delta is not None:
+                            on_delta(delta.content)
+                    for tc in (delta.tool_calls if delta is not None else None) or []:
+                        slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+                        if tc.id:
+                            slot["id"] = tc.id
+                        if tc.function is not None:
+                            slot["name"] += tc.function.name or ""
+                            slot["arguments"] += tc.function.arguments or ""
+                    if choice.finish_reason:
+                        result.finish_reason = choice.finish_reason
+        except Cancelled:
+            raise
+        except Exception:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled() from None
+            raise
+        finally:
+            unregister()
+            stream.close()
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
+        result.text = "".join(text_parts)
+        result.tool_calls = [calls[i] for i in sorted(calls)]
+        for index, call in enumerate(result.tool_calls):
+            call["id"] = call["id"] or f"call_{index}"
+        if not result.finish_reason:
+            # A stream that ended without a finish reason was cut off: treat it like `length`.
+            result.finish_reason = "length"
+        return result

@@ -1,0 +1,124 @@
+"""The runtime on the real stack: REST in this process, a separate Celery worker over Redis,
+PostgreSQL, and the scripted model server on loopback."""
+
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from django.db import connection
+
+from sessions_app.models import RunnerSlice, Session, Turn
+from tests.runtime.helpers import assert_gap_free, assert_tool_pairs
+from tests.support.model_server import text_reply, tool_call, tool_reply
+
+from .processes import database_env_for_workers, running
+
+pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def worker(tmp_path):
+    log = tmp_path / "worker.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "config",
+        "worker",
+        "--pool",
+        "threads",
+        "--concurrency",
+        "4",
+        "--loglevel",
+        "INFO",
+        "--hostname",
+        f"rt-{uuid.uuid4().hex[:8]}@%h",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+    with running(cmd, database_env_for_workers(), log) as proc:
+        proc.log_path = log
+        yield proc
+
+
+def wait_for(predicate, worker, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        assert worker.poll() is None, worker.log_path.read_text(errors="replace")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; worker log:\n{worker.log_path.read_text(errors='replace')[-4000:]}")
+
+
+def test_a_tool_loop_runs_on_the_worker_to_completion(api_owner_a, model_config_a, model_server, worker):
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("fs_write", {"path": "out.txt", "content": "hi"}, id="w1")]),
+        tool_reply([tool_call("fs_read", {"path": "out.txt"}, id="r1")]),
+        text_reply("All done."),
+    )
+    session_id = api_owner_a.post("/api/v1/sessions/", {"title": "on the worker"}, format="json").json()["id"]
+    assert (
+        api_owner_a.post(
+            f"/api/v1/sessions/{session_id}/inputs/", {"text": "write out.txt"}, format="json"
+        ).status_code
+        == 202
+    )
+
+    wait_for(lambda: Turn.objects.filter(session_id=session_id).exclude(reason="").exists(), worker)
+    session = Session.objects.get(pk=session_id)
+    assert session.status == "idle"
+    assert Turn.objects.get(session=session).reason == "completed"
+    assert_tool_pairs(session)
+    assert_gap_free(session)
+    events = api_owner_a.get(f"/api/v1/sessions/{session_id}/events/").json()["events"]
+    assert events[-1] == {**events[-1], "type": "session.status", "data": {"status": "idle"}}
+
+
+def test_fifty_concurrent_inputs_are_consumed_once_in_order_by_one_runner(
+    api_owner_a, model_config_a, model_server, worker
+):
+    model_server.default("agent", lambda request: text_reply("ok: " + request.messages[-1]["content"]))
+    session_id = api_owner_a.post("/api/v1/sessions/", {"title": "busy"}, format="json").json()["id"]
+    key = api_owner_a.api_key
+    answers, errors = [], []
+
+    def post(i):
+        from rest_framework.test import APIClient
+
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+        try:
+            response = client.post(f"/api/v1/sessions/{session_id}/inputs/", {"text": f"n{i}"}, format="json")
+            (answers if response.status_code == 202 else errors).append(
+                (i, response.status_code, response.content[:200])
+            )
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(answers) == 50
+
+    wait_for(
+        lambda: Turn.objects.filter(session_id=session_id).exclude(reason="").count() == 50,
+        worker,
+        timeout=180,
+    )
+    turns = list(Turn.objects.filter(session_id=session_id).order_by("number"))
+    consumed = [t.inputs.get() for t in turns]
+    assert [i.pk for i in consumed] == sorted(i.pk for i in consumed)  # queue order
+    assert all(t.reason == "completed" for t in turns)
+    slices = list(
+        RunnerSlice.objects.filter(session_id=session_id).exclude(outcome="").order_by("started_at")
+    )
+    for earlier, later in zip(slices, slices[1:], strict=False):
+        assert earlier.ended_at <= later.started_at, "two runners overlapped"
+    assert sum(s.inputs_consumed for s in slices) == 50

@@ -1,0 +1,214 @@
+"""The inner loop on the real runtime, the model replaced by the scripted server only."""
+
+import json
+import threading
+import time
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from sessions_app.choices import InputKind
+from sessions_app.models import Message, ModelCall, RunnerSlice, Turn
+from sessions_app.runtime import brain, engine
+from sessions_app.runtime.agent import AgentService
+from tests.support.model_server import error_reply, text_reply, tool_call, tool_reply, truncated_reply
+
+from .helpers import assert_gap_free, assert_tool_pairs, drive_until_idle, event_types, new_session, send
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def session(tenant_a, owner_a, model_config_a):
+    return new_session(tenant_a, owner_a)
+
+
+def test_a_three_step_tool_loop_completes_with_paired_history(session, model_server):
+    model_server.script(
+        "agent",
+        tool_reply(tool_call("plan_create", {"title": "Notes", "tasks": ["write", "check"]}, id="c1")),
+        tool_reply([tool_call("fs_write", {"path": "notes.md", "content": "# Notes\n"}, id="c2")]),
+        tool_reply([tool_call("fs_read", {"path": "notes.md"}, id="c3")]),
+        text_reply("Wrote notes.md and checked it."),
+    )
+    send(session, "Write notes.md")
+    drive_until_idle(session)
+
+    assert session.status == "idle"
+    turn = Turn.objects.get(session=session)
+    assert turn.reason == "completed"
+    assert_tool_pairs(session)
+    assert_gap_free(session)
+    roles = list(Message.objects.filter(session=session).values_list("role", flat=True))
+    assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert (engine.workspace_path(session) / "notes.md").read_text() == "# Notes\n"
+    types = event_types(session)
+    assert types[:4] == ["session.status", "input.queued", "message.committed", "turn.started"]
+    assert types[-2:] == ["turn.ended", "session.status"]
+    assert types.count("model.started") == types.count("model.ended") == 4
+    assert "plan.updated" in types and "file.changed" in types
+    # Each request was reassembled from committed facts: the 4th one carries the 3rd tool result.
+    last = model_server.requests_for("agent")[-1]
+    assert last.headers["x-xagent-call"] == "agent"
+    assert [m["role"] for m in last.messages][-2:] == ["assistant", "tool"]
+    assert "# Notes" in last.messages[-1]["content"]
+
+
+def test_a_truncated_response_executes_nothing_and_ends_max_tokens(session, model_server):
+    model_server.script("agent", truncated_reply("fs_write", {"path": "half.txt", "content": "x" * 200}))
+    send(session, "write half.txt")
+    drive_until_idle(session)
+
+    turn = Turn.objects.get(session=session)
+    assert turn.reason == "max_tokens"
+    assert not (engine.workspace_path(session) / "half.txt").exists()
+    assert not Message.objects.filter(session=session, role="tool").exists()
+    assert "tool.started" not in event_types(session)
+    assert ModelCall.objects.get(session=session).finish_reason == "length"
+
+
+def test_bad_arguments_and_unknown_tools_become_results_and_the_loop_goes_on(session, model_server):
+    model_server.script(
+        "agent",
+        tool_reply(
+            [
+                tool_call("fs_write", '{"path": "a.txt", "content": ', id="bad"),
+                tool_call("teleport", {"to": "mars"}, id="nope"),
+            ]
+        ),
+        text_reply("Sorry, retrying later."),
+    )
+    send(session, "go")
+    drive_until_idle(session)
+
+    results = {m.tool_call_id: m for m in Message.objects.filter(session=session, role="tool")}
+    assert results["bad"].is_error and "parse_arguments" in results["bad"].content
+    assert results["nope"].is_error and "resolve" in results["nope"].content
+    assert Turn.objects.get(session=session).reason == "completed"
+    assert_tool_pairs(session)
+
+
+def test_a_provider_500_then_success_is_one_step_with_two_attempts(session, model_server):
+    model_server.script("agent", error_reply(500, "upstream hiccup"), text_reply("fine now"))
+    send(session, "hello")
+    drive_until_idle(session)
+
+    call = ModelCall.objects.get(session=session)
+    assert call.attempts == 2 and len(call.attempt_errors) == 1
+    assert list(
+        Message.objects.filter(session=session, role="assistant").values_list("content", flat=True)
+    ) == ["fine now"]
+    assert len(model_server.requests_for("agent")) == 2
+
+
+def test_repeated_identical_failing_calls_end_the_turn_blocked(session, model_server):
+    failing = tool_reply([tool_call("fs_read", {"path": "missing.txt"})])
+    model_server.script("agent", failing, failing, failing, text_reply("never reached"))
+    send(session, "read missing.txt")
+    drive_until_idle(session)
+
+    turn = Turn.objects.get(session=session)
+    assert turn.reason == "blocked"
+    assert "repeated 3 times" in turn.reason_detail
+    assert session.status == "idle" and "loop guard" in session.status_reason
+
+
+def test_guidance_joins_the_next_request_of_the_same_turn(session, model_server):
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("fs_write", {"path": "a.txt", "content": "a"})]),
+        text_reply("done, in French as asked"),
+    )
+    send(session, "write a.txt")
+    assert brain.drive(session.pk, max_steps=1) == "yielded"  # one step, then the slice yields
+    assert len(model_server.requests_for("agent")) == 1
+
+    guidance = send(session, "answer in French", kind=InputKind.GUIDANCE)
+    drive_until_idle(session)
+
+    first, second = model_server.requests_for("agent")
+    assert "answer in French" not in json.dumps(first.messages)
+    assert "answer in French" in second.messages[-1]["content"]
+    guidance_message = Message.objects.get(input=guidance)
+    evidence = ModelCall.objects.filter(session=session).order_by("id")
+    assert evidence[0].last_message_id < guidance_message.pk <= evidence[1].last_message_id
+    turns = Turn.objects.filter(session=session)
+    assert turns.count() == 1 and turns[0].reason == "completed"
+
+
+def test_interrupt_during_a_slow_stream_aborts_the_turn(session, model_server):
+    model_server.script(
+        "agent",
+        text_reply("word " * 400, chunk_size=5, delay_per_chunk_s=0.05),
+        text_reply("second turn answer"),
+    )
+    send(session, "tell me a long story")
+
+    def run():
+        try:
+            drive_until_idle(session)
+        finally:
+            connection.close()  # this thread's own connection, or the test database cannot be dropped
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    model_server.wait_for_requests(1, timeout=10)
+    time.sleep(0.2)
+    brain.interrupt(session)  # its wake goes to the broker; this test drives by hand
+    runner.join(timeout=10)
+    assert not runner.is_alive()
+
+    session.refresh_from_db()
+    assert session.status == "interrupted"
+    turn = Turn.objects.get(session=session)
+    assert turn.reason == "aborted"
+    assert ModelCall.objects.get(session=session).finish_reason == "cancelled"
+
+    send(session, "and now something short")
+    drive_until_idle(session)
+    assert session.status == "idle"
+    assert list(Turn.objects.filter(session=session).values_list("reason", flat=True)) == [
+        "aborted",
+        "completed",
+    ]
+
+
+def test_a_duplicate_runner_finds_the_lease_held_and_leaves(session):
+    send(session, "hello")
+    token = brain.acquire(session.pk)
+    assert token is not None
+    assert brain.drive(session.pk) == "busy"
+    session.refresh_from_db()
+    assert session.wake_requested and session.runner_token == token
+    assert not Turn.objects.filter(session=session).exists()
+
+
+def test_inputs_are_consumed_once_in_order_by_one_runner_at_a_time(session, model_server):
+    model_server.default("agent", lambda request: text_reply("ok"))
+    inputs = [send(session, f"message {i}") for i in range(12)]
+    drive_until_idle(session, max_steps=3)
+
+    turns = list(Turn.objects.filter(session=session).order_by("number"))
+    assert [t.inputs.get().pk for t in turns] == [i.pk for i in inputs]
+    assert all(t.reason == "completed" for t in turns)
+    slices = list(RunnerSlice.objects.filter(session=session).order_by("started_at"))
+    assert len(slices) > 1  # bounded slices, re-entered
+    for earlier, later in zip(slices, slices[1:], strict=False):
+        assert earlier.ended_at <= later.started_at
+
+
+def test_queries_per_step_do_not_grow_with_history(session, model_server, settings):
+    settings.XAGENT_MAX_STEPS_PER_TURN = 1000
+    model_server.default("agent", lambda request: tool_reply([tool_call("fs_list", {})]))
+    send(session, "list forever")
+    token = brain.acquire(session.pk)
+    turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
+    agent = AgentService(session.pk, token)
+    counts = {}
+    for step in range(1, 201):
+        with CaptureQueriesContext(connection) as queries:
+            agent.step(turn.pk)
+        counts[step] = len(queries)
+    assert Message.objects.filter(session=session).count() == 401
+    assert counts[5] == counts[200], counts
