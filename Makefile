@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: install run test lint format migrate worker beat
+.PHONY: install run test lint format migrate worker beat bench
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,3 +40,6 @@ worker: install
 
 beat: install
 	$(VENV)/bin/celery -A config beat --loglevel INFO
+
+bench: install
+	$(PY) -m pytest tests/bench/bench_runtime.py -q -s -p no:cacheprovider

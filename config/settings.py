@@ -164,7 +164,6 @@ else:
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-FORMS_URLFIELD_ASSUME_HTTPS = True
 
 # --- cache, channel layer, celery ---------------------------------------------------------
 

@@ -10,6 +10,9 @@ from .models import Input, Message, ModelCall, ModelConfig, Session, SessionEven
 
 
 class ModelConfigForm(forms.ModelForm):
+    base_url = forms.URLField(
+        required=False, assume_scheme="https", help_text="e.g. https://api.openai.com/v1"
+    )
     api_key = forms.CharField(
         required=False,
         widget=forms.PasswordInput(render_value=False),

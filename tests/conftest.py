@@ -24,6 +24,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """Personas are created per test; the production hasher would cost ~0.25 s each."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def tenant_a(db):
     return TenantFactory(slug="acme", name="Acme")

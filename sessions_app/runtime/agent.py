@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 DELTA_FLUSH_S = 0.05
 INTERRUPT_POLL_S = 0.25
+HEARTBEAT_S = 10.0
 
 
 def loop_guard_limits() -> tuple[int, int, int]:
@@ -81,8 +82,8 @@ class InterruptWatcher:
     still cancelled within the poll interval.
     """
 
-    def __init__(self, session_id, cancel: CancelSignal):
-        self.session_id, self.cancel = session_id, cancel
+    def __init__(self, session_id, cancel: CancelSignal, heartbeat=None):
+        self.session_id, self.cancel, self.heartbeat = session_id, cancel, heartbeat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"interrupt-watch-{session_id}", daemon=True)
 
@@ -98,10 +99,15 @@ class InterruptWatcher:
         from django.db import close_old_connections, connection
 
         try:
+            last_beat = time.monotonic()
             while not self._stop.wait(INTERRUPT_POLL_S):
                 if engine.queued_inputs(self.session_id, [InputKind.INTERRUPT]).exists():
                     self.cancel.set()
                     return
+                if self.heartbeat is not None and time.monotonic() - last_beat >= HEARTBEAT_S:
+                    # A long model call must not let the lease lapse (another runner would take over).
+                    self.heartbeat()
+                    last_beat = time.monotonic()
         except Exception:
             logger.warning("interrupt watcher for %s stopped", self.session_id, exc_info=True)
         finally:
@@ -144,10 +150,11 @@ def _signature(name: str, arguments: str) -> str:
 
 
 class AgentService:
-    def __init__(self, session_id, token, cancel: CancelSignal | None = None):
+    def __init__(self, session_id, token, cancel: CancelSignal | None = None, heartbeat=None):
         self.session_id = session_id
         self.token = token
         self.cancel = cancel or CancelSignal()
+        self.heartbeat = heartbeat
         self.tool_service = ToolService()
 
     def available_tools(self, session: Session) -> dict:
@@ -169,7 +176,7 @@ class AgentService:
         coalescer = DeltaCoalescer(self.session_id, call.pk)
         started = time.monotonic()
         try:
-            with InterruptWatcher(self.session_id, self.cancel):
+            with InterruptWatcher(self.session_id, self.cancel, self.heartbeat):
                 result = get_provider(request.model).complete(
                     request.messages, request.tools, purpose="agent", on_delta=coalescer, cancel=self.cancel
                 )

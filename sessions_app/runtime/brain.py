@@ -176,7 +176,9 @@ def _advance(session_id, token) -> tuple[int, int]:
         if session.status not in (SessionStatus.RUNNING, SessionStatus.PREPARING):
             return 0, 0  # parked (waiting for a human): new messages wait until the turn ends
         consumed = len(engine.consume_guidance(session_id, token, session.current_turn_id))
-        AgentService(session_id, token, CancelSignal()).step(session.current_turn_id)
+        AgentService(session_id, token, CancelSignal(), heartbeat=lambda: heartbeat(session_id, token)).step(
+            session.current_turn_id
+        )
         return 1, consumed
     next_input = engine.queued_inputs(session_id, TURN_STARTING_KINDS).first()
     if next_input is None:
