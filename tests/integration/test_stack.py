@@ -79,7 +79,9 @@ def _assert_demo_report(workspaces, demo):
         "tickets_resolved": str(len(resolved)),
         "tickets_escalated": str(sum(r["status"] == "escalated" for r in rows)),
         "avg_csat": str(round(statistics.mean(int(r["csat"]) for r in resolved), 2)),
-        "avg_first_response_minutes": str(round(statistics.mean(float(r["first_response_minutes"]) for r in rows), 1)),
+        "avg_first_response_minutes": str(
+            round(statistics.mean(float(r["first_response_minutes"]) for r in rows), 1)
+        ),
     }
     kpis = {row["metric"]: row["value"] for row in csv.DictReader((workspace / "kpis.csv").open())}
     assert {k: kpis[k] for k in expected} == expected
@@ -121,3 +123,33 @@ def test_ping_runs_on_a_separate_celery_worker_over_redis(tmp_path, settings):
             time.sleep(0.1)
         assert cache.get(PING_CACHE_PREFIX + nonce) == "pong", log.read_text(errors="replace")
     assert "config.ping" in log.read_text()
+
+
+def test_embedded_stack_streams_live_events_from_the_in_process_worker(tmp_path):
+    """The worker thread's broadcasts reach daphne's WebSocket consumers (thread-safe in-memory layer)."""
+    import json
+
+    from websockets.sync.client import connect
+
+    env = embedded_env(tmp_path)
+    manage(env, "migrate", "--noinput", "-v0")
+    manage(env, "seed_demo")
+    key = manage(env, "create_api_key", "--tenant", "demo", "--user", "demo").stdout.strip()
+    port = free_port()
+    log = tmp_path / "runstack.log"
+    with running([sys.executable, "manage.py", "runstack", "--port", str(port)], env, log) as proc:
+        wait_for_http(f"http://127.0.0.1:{port}/healthz", proc, log)
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}/api/v1", headers={"Authorization": f"Bearer {key}"}
+        ) as api:
+            session_id = api.post("/sessions/", json={"title": "live demo"}).json()["id"]
+            with connect(f"ws://127.0.0.1:{port}/ws/sessions/{session_id}/?token={key}") as ws:
+                assert api.post(f"/sessions/{session_id}/inputs/", json={"text": "hello"}).status_code == 202
+                frames = []
+                while not frames or frames[-1]["type"] != "turn.ended":
+                    frames.append(json.loads(ws.recv(timeout=30)))
+    deltas = "".join(f["data"]["text"] for f in frames if f["type"] == "model.delta")
+    assert "demo model" in deltas  # streamed live, before the message was committed
+    logged = [f["seq"] for f in frames if f["seq"] is not None]
+    assert logged == list(range(1, logged[-1] + 1))
+    assert frames[-1]["data"]["reason"] == "completed"

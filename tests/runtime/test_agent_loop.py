@@ -213,3 +213,35 @@ def test_queries_per_step_do_not_grow_with_history(session, model_server, settin
         counts[step] = len(queries)
     assert Message.objects.filter(session=session).count() == 401
     assert counts[5] == counts[200], counts
+
+
+def test_a_config_change_mid_call_applies_from_the_next_request_only(session, model_server, model_config_a):
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("fs_list", {})], delay_before_s=1.0),
+        text_reply("done"),
+    )
+    send(session, "list")
+
+    def run():
+        try:
+            drive_until_idle(session)
+        finally:
+            connection.close()
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    model_server.wait_for_requests(1, timeout=10)
+    model_config_a.model = "bigger-model"
+    model_config_a.max_output_tokens = 2048
+    model_config_a.save()  # saved while the first request is in flight
+    runner.join(timeout=20)
+
+    first, second = model_server.requests_for("agent")
+    assert (first.body["model"], first.body["max_tokens"]) == ("scripted-model", 1024)
+    assert (second.body["model"], second.body["max_tokens"]) == ("bigger-model", 2048)
+    assert list(ModelCall.objects.filter(session=session).order_by("id").values_list("model", flat=True)) == [
+        "scripted-model",
+        "bigger-model",
+    ]
+    assert Turn.objects.get(session=session).reason == "completed"

@@ -1,0 +1,156 @@
+"""Live streams on real processes: daphne (runstack) + a Celery worker + Redis channel layer +
+PostgreSQL, a real WebSocket client, and the scripted model server on loopback."""
+
+import json
+import sys
+import uuid
+
+import httpx2 as httpx
+import pytest
+from websockets.sync.client import connect
+
+from sessions_app.models import ModelCall, SessionEvent, Turn
+from tests.support.model_server import text_reply, tool_call, tool_reply
+
+from .processes import database_env_for_workers, free_port, running, wait_for_http
+
+pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def stack(tmp_path):
+    """Web (daphne via runstack, web only with REDIS_URL) and one worker, on the test database."""
+    env = database_env_for_workers()
+    port = free_port()
+    web_log, worker_log = tmp_path / "web.log", tmp_path / "worker.log"
+    worker_cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "config",
+        "worker",
+        "--pool",
+        "threads",
+        "--concurrency",
+        "4",
+        "--loglevel",
+        "INFO",
+        "--hostname",
+        f"live-{uuid.uuid4().hex[:8]}@%h",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+    with (
+        running([sys.executable, "manage.py", "runstack", "--port", str(port)], env, web_log) as web,
+        running(worker_cmd, env, worker_log),
+    ):
+        wait_for_http(f"http://127.0.0.1:{port}/healthz", web, web_log)
+        yield f"127.0.0.1:{port}"
+
+
+def _api(stack, key):
+    return httpx.Client(
+        base_url=f"http://{stack}/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
+
+
+def _frames_until(ws, predicate, limit=2000):
+    frames = []
+    for _ in range(limit):
+        frame = json.loads(ws.recv(timeout=30))
+        frames.append(frame)
+        if predicate(frame):
+            return frames
+    raise AssertionError(f"no matching frame in {limit}: {frames[-5:]}")
+
+
+def test_websocket_reconnect_gives_every_event_once_in_order(
+    stack, api_owner_a, model_config_a, model_server
+):
+    model_server.script(
+        "agent",
+        tool_reply(
+            [tool_call("fs_write", {"path": "a.txt", "content": "a"})],
+            text="Writing a.txt now.",
+            delay_per_chunk_s=0.02,
+            chunk_size=4,
+        ),
+        text_reply("Done writing a.txt, all good. " * 4, chunk_size=6, delay_per_chunk_s=0.03),
+    )
+    key = api_owner_a.api_key
+    with _api(stack, key) as api:
+        session_id = api.post("/sessions/", json={"title": "live"}).json()["id"]
+        url = f"ws://{stack}/ws/sessions/{session_id}/?token={key}"
+        with connect(url) as ws:
+            assert (
+                api.post(f"/sessions/{session_id}/inputs/", json={"text": "write a.txt"}).status_code == 202
+            )
+            first = _frames_until(ws, lambda f: f["type"] == "tool.ended")
+        logged_first = [f for f in first if f["seq"] is not None]
+        last_seen = logged_first[-1]["seq"]
+        with connect(f"{url}&after={last_seen}") as ws:
+            second = _frames_until(ws, lambda f: f["type"] == "turn.ended")
+
+    seqs = [f["seq"] for f in logged_first] + [f["seq"] for f in second if f["seq"] is not None]
+    assert seqs == list(range(1, seqs[-1] + 1))  # no gap, no duplicate across the reconnect
+    log = list(SessionEvent.objects.filter(session_id=session_id, seq__lte=seqs[-1]).order_by("seq"))
+    assert [e.type for e in log] == [f["type"] for f in logged_first + second if f["seq"] is not None]
+    assert any(f["type"] == "model.delta" for f in first + second)  # live text arrived, unlogged
+    assert second[-1]["data"]["reason"] == "completed"
+
+
+def test_interrupt_stops_a_slow_stream_on_the_worker(stack, api_owner_a, model_config_a, model_server):
+    model_server.script(
+        "agent", text_reply("slow " * 500, chunk_size=5, delay_per_chunk_s=0.05), text_reply("short answer")
+    )
+    key = api_owner_a.api_key
+    with _api(stack, key) as api:
+        session_id = api.post("/sessions/", json={"title": "interrupt me"}).json()["id"]
+        with connect(f"ws://{stack}/ws/sessions/{session_id}/?token={key}") as ws:
+            api.post(f"/sessions/{session_id}/inputs/", json={"text": "a long story please"})
+            _frames_until(ws, lambda f: f["type"] == "model.delta")
+            ws.send(json.dumps({"type": "interrupt"}))
+            frames = _frames_until(ws, lambda f: f["type"] == "turn.ended")
+            assert frames[-1]["data"]["reason"] == "aborted"
+            status = _frames_until(ws, lambda f: f["type"] == "session.status")
+            assert status[-1]["data"]["status"] == "interrupted"
+
+            api.post(f"/sessions/{session_id}/inputs/", json={"text": "now briefly"})
+            frames = _frames_until(ws, lambda f: f["type"] == "turn.ended")
+            assert frames[-1]["data"]["reason"] == "completed"
+
+    slow = model_server.requests_for("agent")[0]
+    assert slow.wait_done(timeout=10)
+    assert slow.disconnected and slow.chunks_sent < 500  # the stream was cut, not read to the end
+    assert list(
+        Turn.objects.filter(session_id=session_id).order_by("number").values_list("reason", flat=True)
+    ) == ["aborted", "completed"]
+
+
+def test_guidance_sent_mid_call_reaches_the_next_request_not_the_current_one(
+    stack, api_owner_a, model_config_a, model_server
+):
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("fs_list", {})], delay_before_s=1.5),
+        text_reply("Understood, using metric units."),
+    )
+    key = api_owner_a.api_key
+    with _api(stack, key) as api:
+        session_id = api.post("/sessions/", json={"title": "guided"}).json()["id"]
+        api.post(f"/sessions/{session_id}/inputs/", json={"text": "describe the workspace"})
+        model_server.wait_for_requests(1, timeout=30)
+        api.post(f"/sessions/{session_id}/inputs/", json={"text": "use metric units", "kind": "guidance"})
+        events = []
+        for _ in range(60):
+            body = api.get(f"/sessions/{session_id}/events/", params={"after": len(events), "wait": 2}).json()
+            events += body["events"]
+            if any(e["type"] == "turn.ended" for e in events):
+                break
+    first, second = model_server.requests_for("agent")
+    assert "use metric units" not in json.dumps(first.body["messages"])
+    assert "use metric units" in second.body["messages"][-1]["content"]
+    calls = list(ModelCall.objects.filter(session_id=session_id).order_by("id"))
+    assert calls[1].last_message_id > calls[0].last_message_id
+    assert [e["data"]["reason"] for e in events if e["type"] == "turn.ended"] == ["completed"]
