@@ -187,8 +187,7 @@ def test_duplicate_drive_session_deliveries_do_nothing(api_owner_a, model_config
         drive_session.delay(session_id)
     wait_for(
         lambda: (
-            RunnerSlice.objects.filter(session_id=session_id, ended_at__isnull=False).count()
-            > slices_before
+            RunnerSlice.objects.filter(session_id=session_id, ended_at__isnull=False).count() > slices_before
         ),
         worker,
     )
