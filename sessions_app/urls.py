@@ -3,4 +3,7 @@ from django.urls import path
 from . import views
 
 app_name = "workspace"
-urlpatterns = [path("", views.home, name="home")]
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("sessions/<uuid:session_id>/", views.session_detail, name="session"),
+]

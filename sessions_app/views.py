@@ -1,9 +1,51 @@
+"""Browser workspace pages. They render the frame and the facts a page needs to start;
+everything live (messages, plan, status, events) comes from the REST API and the
+Session WebSocket, read by static/js with the browser session."""
+
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.http import Http404
+from django.shortcuts import get_object_or_404, render
+
+from tenancy_app.access import SESSION_TENANT_KEY, resolve_membership
+
+from .models import Session
+
+# How many logged events before the page's snapshot the activity log shows on open.
+EVENT_LOG_BACKLOG = 300
 
 
 @login_required
 def home(request):
-    """The browser workspace. Sessions arrive with the runtime; for now: who, where, and links."""
+    """The tenant's Sessions (listed by static/js/home.js from the API) and a new-session form."""
     return render(request, "workspace/home.html", {"embedded": settings.EMBEDDED})
+
+
+@login_required
+def session_detail(request, session_id):
+    """One Session: conversation, plan, composer and activity log, kept live over the WebSocket.
+
+    The tenant is resolved exactly as the page header's picker resolves it; another tenant's
+    Session (or an archived one) is a 404, never a 403 that would confirm it exists.
+    """
+    membership = resolve_membership(request.user, request.session.get(SESSION_TENANT_KEY))
+    if membership is None:
+        raise Http404("No Session matches the given query.")
+    session = get_object_or_404(
+        Session.objects.for_tenant(membership.tenant), pk=session_id, archived_at__isnull=True
+    )
+    # `last_event_seq` and `status` come from the same row read: the page's starting point.
+    # The script applies every event after it and replays a short backlog for the activity log.
+    boot = {
+        "id": str(session.pk),
+        "snapshotSeq": session.last_event_seq,
+        "backlogFrom": max(session.last_event_seq - EVENT_LOG_BACKLOG, 0),
+        "status": session.status,
+        "api": f"/api/v1/sessions/{session.pk}/",
+        "ws": f"/ws/sessions/{session.pk}/",
+    }
+    return render(
+        request,
+        "workspace/session.html",
+        {"session": session, "boot": boot},
+    )

@@ -190,7 +190,7 @@ def start_turn(session_id, token, input: Input) -> Turn:
         _append_message(session, turn, Role.USER, _input_text(input), input=input)
         if not session.phase_goal and input.kind == InputKind.MESSAGE:
             # Until task understanding (sub-Sessions) owns this, the first task sets the goals.
-            session.phase_goal = _input_text(input)[:2000]
+            session.phase_goal = str(input.payload.get("text", ""))[:2000]
             if not session.session_goal:
                 session.session_goal = session.phase_goal
             Session.objects.filter(pk=session.pk).update(

@@ -1,0 +1,104 @@
+/* The workspace home: the current tenant's Sessions (GET /api/v1/sessions/) and the
+ * new-session form (POST /api/v1/sessions/, then open it). */
+(function () {
+  "use strict";
+  const { api, el, statusBadge, timeElement, ApiError } = window.xagent;
+
+  const root = document.getElementById("workspace-home");
+  if (!root) return;
+  const endpoint = root.dataset.api;
+  const list = document.getElementById("session-list");
+  const state = document.getElementById("sessions-state");
+  const more = document.getElementById("more-sessions");
+  const refresh = document.getElementById("refresh-sessions");
+  const form = document.getElementById("new-session-form");
+  const titleInput = document.getElementById("new-session-title");
+  const goalInput = document.getElementById("new-session-goal");
+  const formError = document.getElementById("new-session-error");
+
+  const REFRESH_MS = 15000;
+  let nextUrl = null;
+  let pagesLoaded = 0;
+  let loading = false;
+
+  function sessionRow(session) {
+    const href = `/sessions/${encodeURIComponent(session.id)}/`;
+    return el(
+      "li",
+      { className: "session-row", dataset: { testid: "session-row", id: session.id, status: session.status } },
+      el(
+        "a",
+        { className: "session-link", attrs: { href } },
+        el("span", { className: "session-title", text: session.title || "Untitled session" }),
+        session.phase_goal || session.session_goal
+          ? el("span", { className: "session-goal muted", text: session.phase_goal || session.session_goal })
+          : null
+      ),
+      statusBadge(session.status),
+      el("span", { className: "session-updated muted" }, "updated ", timeElement(session.updated_at))
+    );
+  }
+
+  async function load({ append = false } = {}) {
+    if (loading) return;
+    loading = true;
+    try {
+      const page = await api(append && nextUrl ? nextUrl : endpoint);
+      const rows = (page.results || []).map(sessionRow);
+      if (append) {
+        list.append(...rows);
+        pagesLoaded += 1;
+      } else {
+        list.replaceChildren(...rows);
+        pagesLoaded = 1;
+      }
+      nextUrl = page.next || null;
+      more.hidden = !nextUrl;
+      const count = list.children.length;
+      state.textContent = count ? "" : "No Sessions yet. Create one to get started.";
+      state.hidden = count > 0;
+    } catch (exc) {
+      state.hidden = false;
+      state.textContent =
+        exc instanceof ApiError && (exc.status === 401 || exc.status === 403)
+          ? "Your login has expired. Reload the page to log in again."
+          : `Could not load Sessions: ${exc.message}`;
+    } finally {
+      loading = false;
+    }
+  }
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    formError.hidden = true;
+    const title = titleInput.value.trim();
+    if (!title) {
+      formError.textContent = "Give the Session a title.";
+      formError.hidden = false;
+      titleInput.focus();
+      return;
+    }
+    const submit = form.querySelector("button[type=submit]");
+    submit.disabled = true;
+    try {
+      const body = { title };
+      const goal = goalInput.value.trim();
+      if (goal) body.goal = goal;
+      const created = await api(endpoint, { method: "POST", body });
+      window.location.assign(`/sessions/${encodeURIComponent(created.id)}/`);
+    } catch (exc) {
+      formError.textContent = exc instanceof ApiError ? exc.describe() : String(exc);
+      formError.hidden = false;
+      submit.disabled = false;
+    }
+  });
+
+  more.addEventListener("click", () => load({ append: true }));
+  refresh.addEventListener("click", () => load());
+  // Statuses change while the list is open; refresh the first page unless more were loaded.
+  window.setInterval(() => {
+    if (document.visibilityState === "visible" && pagesLoaded <= 1) load();
+  }, REFRESH_MS);
+
+  load();
+})();
