@@ -273,3 +273,27 @@ class RunnerSlice(TenantOwnedModel):
 
     class Meta:
         ordering = ["id"]
+
+
+class SessionCapability(TenantOwnedModel):
+    """A Skill, ToolSet or Tool attached to a Session: add-only, with who added it and when."""
+
+    class Kind(models.TextChoices):
+        TOOL = "tool", "Tool"
+        TOOLSET = "toolset", "Tool set"
+        SKILL = "skill", "Skill"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="capabilities")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    name = models.CharField(max_length=100)
+    added_by = models.CharField(
+        max_length=50, help_text="model (tools_select), default, orchestrator, or a username"
+    )
+    added_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name_plural = "session capabilities"
+        constraints = [
+            models.UniqueConstraint(fields=["session", "kind", "name"], name="unique_session_capability")
+        ]

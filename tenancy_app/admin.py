@@ -10,6 +10,7 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
+from django.db.models import Q
 
 from .access import admin_tenant_ids
 from .actions import do_issue_api_key, do_revoke_api_key
@@ -31,6 +32,11 @@ class TenantScopedAdmin(admin.ModelAdmin):
             return queryset.filter(pk__in=self._tenant_ids(request))
         if issubclass(model, TenantOwnedModel):
             return queryset.filter(tenant_id__in=self._tenant_ids(request))
+        tenant_field = _tenant_field(model)
+        if tenant_field is not None:
+            # Rows with an empty tenant are global (e.g. native tools): visible to every tenant admin,
+            # changeable only by superusers.
+            return queryset.filter(Q(tenant_id__in=self._tenant_ids(request)) | Q(tenant__isnull=True))
         return queryset
 
     def get_queryset(self, request):
@@ -67,10 +73,33 @@ class TenantScopedAdmin(admin.ModelAdmin):
         return request.user.is_superuser or self._is_tenant_admin(request)
 
     def has_change_permission(self, request, obj=None):
+        if obj is not None and _is_global(obj):
+            return request.user.is_superuser
         return request.user.is_superuser or self._is_tenant_admin(request)
 
     def has_delete_permission(self, request, obj=None):
+        if obj is not None and _is_global(obj):
+            return request.user.is_superuser
         return request.user.is_superuser or self._is_tenant_admin(request)
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name == "tenant" and field is not None and not request.user.is_superuser:
+            field.required = True  # a tenant admin cannot create global rows
+        return field
+
+
+def _tenant_field(model):
+    try:
+        field = model._meta.get_field("tenant")
+    except Exception:
+        return None
+    return field if getattr(field, "related_model", None) is Tenant else None
+
+
+def _is_global(obj) -> bool:
+    field = _tenant_field(type(obj))
+    return field is not None and field.null and obj.tenant_id is None
 
 
 @admin.register(Tenant)

@@ -43,6 +43,10 @@ class SessionPort(Protocol):
 
     def file_changed(self, path: str, op: str) -> None: ...
 
+    def capabilities(self) -> dict: ...
+
+    def add_capabilities(self, tools: list[str], toolsets: list[str]) -> dict: ...
+
 
 @dataclass
 class ToolContext:
@@ -51,6 +55,10 @@ class ToolContext:
     workspace: Path
     port: SessionPort
     call_id: str = ""
+    # Tenant secrets by name, for injection at execution (never shown to the model).
+    secrets: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    sandbox_limits: Any = None
 
 
 @dataclass

@@ -7,6 +7,7 @@ decided by the runtime, which hands ToolService the `available` subset.
 from __future__ import annotations
 
 from .base import Tool
+from .native.discovery import ToolsFind, ToolsSelect
 from .native.files import FsDeleteFiles, FsEdit, FsList, FsRead, FsWrite
 from .native.plan import PlanCreate, PlanUpdate, TaskComplete
 
@@ -21,6 +22,8 @@ NATIVE_TOOLS: dict[str, Tool] = {
         PlanCreate(),
         PlanUpdate(),
         TaskComplete(),
+        ToolsFind(),
+        ToolsSelect(),
     )
 }
 
@@ -33,6 +36,8 @@ _DEFAULT_TOOL_NAMES = (
     "plan_create",
     "plan_update",
     "task_complete",
+    "tools_find",
+    "tools_select",
 )
 
 

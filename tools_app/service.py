@@ -77,8 +77,9 @@ class ToolOutcome:
 class _Prepared:
     call_id: str
     tool: Tool
-    args: dict
+    args: dict  # as the model sent them (secret references unresolved): what evidence shows
     started: float
+    run_args: dict | None = None  # with secrets injected: only the tool ever sees these
 
 
 class _Refused(Exception):
@@ -195,7 +196,7 @@ class ToolService:
             return
         pool = ThreadPoolExecutor(max_workers=min(max_parallel, len(runnable)), thread_name_prefix="tool")
         try:
-            futures = {id(item): pool.submit(self._run, item, ctx) for item in runnable}
+            futures = {id(item): pool.submit(self._run_in_thread, item, ctx) for item in runnable}
             for item in group:
                 yield item if isinstance(item, ToolOutcome) else futures[id(item)].result()
         finally:
@@ -218,12 +219,36 @@ class ToolService:
         args: dict | None = None
         try:
             tool = self._resolve(name, available)
+            self._check_enabled(tool)
             args = self._parse_arguments(raw_arguments)
             self._validate(tool, args)
             self._approval(tool, args, ctx, call_id, approved)
+            run_args = self._inject_secrets(args, ctx)
         except _Refused as refusal:
             return self._error(call_id, name, args, refusal.stage, refusal.code, refusal.message, started)
-        return _Prepared(call_id=call_id, tool=tool, args=args, started=started)
+        return _Prepared(call_id=call_id, tool=tool, args=args, started=started, run_args=run_args)
+
+    @staticmethod
+    def _check_enabled(tool: Tool) -> None:
+        """enabled/readiness: an admin switched it off, or its source (an MCP server) is not ready."""
+        if getattr(tool, "enabled", True) is False:
+            raise _Refused("enabled", "tool_disabled", f"tool {tool.name!r} is disabled by an administrator")
+        reason = getattr(tool, "unavailable_reason", "")
+        if reason:
+            raise _Refused("readiness", "tool_not_ready", f"tool {tool.name!r} is not ready: {reason}")
+
+    @staticmethod
+    def _inject_secrets(args: dict, ctx: ToolContext) -> dict:
+        """Resolve `{{secret:NAME}}` references in string arguments, at execution only."""
+        from .secrets import MissingSecret, resolve_refs
+
+        secrets = getattr(ctx, "secrets", None) or {}
+        try:
+            return resolve_refs(args, secrets)
+        except MissingSecret as exc:
+            raise _Refused(
+                "inject_secrets", "missing_secret", f"no secret named {exc.args[0]!r} in this tenant"
+            ) from None
 
     def _resolve(self, name: str, available: dict[str, Tool]) -> Tool:
         tool = available.get(name)
@@ -300,6 +325,15 @@ class ToolService:
             logger.error("approval hook returned %r for tool %s; treating as deny", verdict, tool.name)
         raise _Refused("approval", "denied", f"calling {tool.name!r} is denied by the approval policy")
 
+    def _run_in_thread(self, prepared: _Prepared, ctx: ToolContext) -> ToolOutcome:
+        """A pool thread's run: its own database connection (tools_find reads tool rows) is closed after."""
+        from django.db import connection
+
+        try:
+            return self._run(prepared, ctx)
+        finally:
+            connection.close()
+
     def _run(self, prepared: _Prepared, ctx: ToolContext) -> ToolOutcome:
         """workspace_lease -> runtime -> normalize. Never raises (Exception subclasses)."""
         tool, args, call_id = prepared.tool, prepared.args, prepared.call_id
@@ -316,7 +350,7 @@ class ToolService:
                 prepared.started,
             )
         try:
-            result = tool.run(call_ctx, args)
+            result = tool.run(call_ctx, prepared.run_args if prepared.run_args is not None else args)
         except ToolError as exc:
             return self._error(call_id, tool.name, args, exc.stage, exc.code, str(exc), prepared.started)
         except Exception as exc:

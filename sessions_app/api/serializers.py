@@ -60,7 +60,11 @@ class SessionSerializer(serializers.ModelSerializer):
     def get_capabilities(self, obj) -> dict:
         from tools_app.registry import default_tool_names
 
-        return {"skills": [], "tools": list(default_tool_names())}
+        from ..runtime.engine import session_capabilities
+
+        attached = session_capabilities(obj.pk)
+        tools = list(dict.fromkeys([*default_tool_names(), *attached["tools"]]))
+        return {"skills": attached["skills"], "tools": tools, "toolsets": attached["toolsets"]}
 
     def get_usage(self, obj) -> dict:
         return {"prompt_tokens": obj.prompt_tokens, "completion_tokens": obj.completion_tokens}

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from tools_app.base import ToolContext, ToolError
-from tools_app.registry import NATIVE_TOOLS, default_tool_names
+from tools_app.catalog import resolve_available
+from tools_app.secrets import Redactor, tenant_secret_values
 from tools_app.service import ToolService
 
 from ..choices import InputKind, TurnReason
@@ -73,6 +74,14 @@ class RuntimeSessionPort:
 
     def file_changed(self, path: str, op: str) -> None:
         engine.file_changed(self.session_id, self.token, path, op)
+
+    def capabilities(self) -> dict:
+        return engine.session_capabilities(self.session_id)
+
+    def add_capabilities(self, tools: list[str], toolsets: list[str]) -> dict:
+        return engine.add_selected_capabilities(
+            self.session_id, self.token, tools=tools, toolsets=toolsets, added_by="model"
+        )
 
 
 class InterruptWatcher:
@@ -158,8 +167,9 @@ class AgentService:
         self.tool_service = ToolService()
 
     def available_tools(self, session: Session) -> dict:
-        # Capabilities per Session arrive with tool governance; until then: the default native set.
-        return {name: NATIVE_TOOLS[name] for name in default_tool_names()}
+        """The native defaults plus what the Session's capabilities name, as this tenant allows."""
+        capabilities = engine.session_capabilities(session.pk)
+        return resolve_available(session.tenant_id, capabilities["tools"], capabilities["toolsets"])
 
     def step(self, turn_id: int) -> StepResult:
         session = Session.objects.get(pk=self.session_id)
@@ -236,14 +246,30 @@ class AgentService:
         engine.commit_assistant_message(self.session_id, self.token, turn_id, result.text, result.tool_calls)
         guard = dict(turn.guard_state)
         progressed = False
+        secrets = tenant_secret_values(session.tenant_id)
+        redactor = Redactor(secrets.values())
         ctx = ToolContext(
             session_id=str(self.session_id),
             tenant_id=session.tenant_id,
             workspace=engine.workspace_path(session),
             port=RuntimeSessionPort(self.session_id, self.token),
+            secrets=secrets,
+        )
+        for call_spec in result.tool_calls:
+            engine.announce_tool_started(
+                self.session_id,
+                self.token,
+                call_spec["id"],
+                call_spec["name"],
+                redactor.redact_data(_display_arguments(call_spec["arguments"])),
+            )
+        # Consecutive read-only calls run in parallel; results still commit in model order.
+        outcomes = self.tool_service.execute_batch(
+            [(c["id"], c["name"], c["arguments"]) for c in result.tool_calls], ctx, tools
         )
         for call_spec in result.tool_calls:
             if self.cancel.is_set() or engine.queued_inputs(self.session_id, [InputKind.INTERRUPT]).exists():
+                outcomes.close()  # calls not yet started never start
                 # Every tool call in history keeps a result, so the next request stays valid.
                 engine.commit_tool_result(
                     self.session_id,
@@ -256,26 +282,17 @@ class AgentService:
                     summary="cancelled by interrupt",
                 )
                 continue
-            engine.announce_tool_started(
-                self.session_id,
-                self.token,
-                call_spec["id"],
-                call_spec["name"],
-                _display_arguments(call_spec["arguments"]),
-            )
-            ctx.call_id = call_spec["id"]
-            outcome = self.tool_service.execute(
-                call_spec["id"], call_spec["name"], call_spec["arguments"], ctx, tools
-            )
+            outcome = next(outcomes)
+            # Redaction is the last stage before anything is committed, shown or sent to the model.
             engine.commit_tool_result(
                 self.session_id,
                 self.token,
                 turn_id,
                 call_id=call_spec["id"],
                 tool=call_spec["name"],
-                content=outcome.content,
+                content=redactor.redact(outcome.content),
                 ok=outcome.ok,
-                summary=outcome.summary,
+                summary=redactor.redact(outcome.summary),
             )
             if outcome.ok:
                 progressed = True

@@ -22,7 +22,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from ..choices import InputKind, InputStatus, PlanTaskStatus, Role, SessionKind, SessionStatus, TurnReason
-from ..models import Input, Message, ModelCall, Plan, PlanTask, PromptBlob, Session, Turn
+from ..models import Input, Message, ModelCall, Plan, PlanTask, PromptBlob, Session, SessionCapability, Turn
 from .events import emit
 from .llm.config import EffectiveModel, resolve_model
 from .llm.tokens import estimate_request_tokens
@@ -84,8 +84,60 @@ def create_session(
             model_config=model_config,
         )
         emit(session, "session.status", {"status": session.status})
+        from tools_app.models import ToolSet
+
+        defaults = list(
+            ToolSet.objects.for_tenant(tenant).filter(is_default=True).values_list("name", flat=True)
+        )
+        if defaults:
+            _add_capabilities(session, toolsets=defaults, added_by="default")
     workspace_path(session).mkdir(parents=True, exist_ok=True)
     return session
+
+
+# --- capabilities ------------------------------------------------------------------------------
+
+
+def session_capabilities(session_id) -> dict[str, list[str]]:
+    found = {"tools": [], "toolsets": [], "skills": []}
+    for kind, name in SessionCapability.objects.filter(session_id=session_id).values_list("kind", "name"):
+        found[f"{kind}s"].append(name)
+    return found
+
+
+def _add_capabilities(
+    session: Session, *, tools=(), toolsets=(), skills=(), added_by: str
+) -> dict[str, list[str]]:
+    existing = {
+        (k, n) for k, n in SessionCapability.objects.filter(session=session).values_list("kind", "name")
+    }
+    added = {"skills": [], "tools": [], "toolsets": []}
+    rows = []
+    for kind, names in (("tool", tools), ("toolset", toolsets), ("skill", skills)):
+        for name in dict.fromkeys(names):
+            if (kind, name) not in existing:
+                rows.append(
+                    SessionCapability(
+                        tenant_id=session.tenant_id,
+                        session=session,
+                        kind=kind,
+                        name=name,
+                        added_by=added_by[:50],
+                    )
+                )
+                added[f"{kind}s"].append(name)
+    if rows:
+        SessionCapability.objects.bulk_create(rows)
+        session.config_version += 1
+        Session.objects.filter(pk=session.pk).update(config_version=session.config_version)
+        emit(session, "capabilities.added", added)
+    return added
+
+
+def add_selected_capabilities(session_id, token, *, tools=(), toolsets=(), skills=(), added_by: str) -> dict:
+    """Attach capabilities to the Session: atomic and add-only (nothing is ever removed here)."""
+    with locked_session(session_id, token) as session:
+        return _add_capabilities(session, tools=tools, toolsets=toolsets, skills=skills, added_by=added_by)
 
 
 def enqueue_input(

@@ -440,6 +440,8 @@ def test_native_tools_declare_valid_strict_schemas_and_their_risk():
             "plan_create",
             "plan_update",
             "task_complete",
+            "tools_find",
+            "tools_select",
         ]
     )
     for name, tool in NATIVE_TOOLS.items():
@@ -452,8 +454,9 @@ def test_native_tools_declare_valid_strict_schemas_and_their_risk():
     assert risks["fs_list"] == risks["fs_read"] == (Risk.READ, True, True)
     assert risks["fs_write"][:2] == risks["fs_edit"][:2] == (Risk.WRITE, False)
     assert risks["fs_delete_files"][:2] == (Risk.DESTRUCTIVE, False)
-    for name in ("plan_create", "plan_update", "task_complete"):
+    for name in ("plan_create", "plan_update", "task_complete", "tools_select"):
         assert risks[name][:2] == (Risk.WRITE, False)
+    assert risks["tools_find"] == (Risk.READ, True, True)
 
 
 def test_default_tools_leave_out_the_destructive_delete():
@@ -465,4 +468,6 @@ def test_default_tools_leave_out_the_destructive_delete():
         "plan_create",
         "plan_update",
         "task_complete",
+        "tools_find",
+        "tools_select",
     ]

@@ -1,0 +1,78 @@
+"""Tools admin: tenant admins see their rows and the global ones, change only their own,
+never see another tenant's servers or secrets; secret values are write-only."""
+
+import pytest
+from django.test import Client
+
+from tools_app.models import MCPServer, Secret, Tool, ToolSet
+from tools_app.secrets import set_secret
+
+ADMIN = "/admin/tools_app"
+
+
+@pytest.fixture(autouse=True)
+def _static_files_without_manifest(settings):
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+
+
+@pytest.fixture
+def owner_a_admin(owner_a):
+    client = Client()
+    client.force_login(owner_a)
+    return client
+
+
+@pytest.fixture
+def rows(tenant_a, tenant_b, outsider_b):
+    set_secret(tenant_a, "ACME_KEY", "acme-plain-value")
+    set_secret(tenant_b, "BRAVO_KEY", "bravo-plain-value")
+    MCPServer.objects.create(tenant=tenant_a, name="acme-files", transport="stdio", command="true")
+    MCPServer.objects.create(tenant=tenant_b, name="bravo-crm", transport="stdio", command="true")
+    ToolSet.objects.create(tenant=tenant_b, name="bravo-set")
+
+
+@pytest.mark.django_db
+def test_a_tenant_admin_sees_own_and_global_rows_only(owner_a_admin, rows):
+    servers = owner_a_admin.get(f"{ADMIN}/mcpserver/").content.decode()
+    assert "acme-files" in servers and "bravo-crm" not in servers
+    secrets = owner_a_admin.get(f"{ADMIN}/secret/").content.decode()
+    assert "ACME_KEY" in secrets and "BRAVO_KEY" not in secrets
+    tools = owner_a_admin.get(f"{ADMIN}/tool/").content.decode()
+    assert "fs_read" in tools  # global native tools are visible
+    assert "bravo-set" not in owner_a_admin.get(f"{ADMIN}/toolset/").content.decode()
+    bravo = MCPServer.objects.get(name="bravo-crm")
+    assert owner_a_admin.get(f"{ADMIN}/mcpserver/{bravo.pk}/change/").status_code in (302, 404)
+
+
+@pytest.mark.django_db
+def test_global_rows_are_read_only_for_tenant_admins(owner_a_admin, rows):
+    native = Tool.objects.get(tenant=None, name="fs_read")
+    response = owner_a_admin.post(f"{ADMIN}/tool/{native.pk}/change/", {"name": "fs_read", "enabled": ""})
+    assert response.status_code == 403
+    native.refresh_from_db()
+    assert native.enabled
+
+
+@pytest.mark.django_db
+def test_secret_values_are_write_only(owner_a_admin, rows, tenant_a):
+    secret = Secret.objects.get(tenant=tenant_a, name="ACME_KEY")
+    page = owner_a_admin.get(f"{ADMIN}/secret/{secret.pk}/change/").content.decode()
+    assert "acme-plain-value" not in page and secret.value_encrypted not in page
+    assert "acme-plain-value" not in secret.value_encrypted  # encrypted at rest
+
+
+@pytest.mark.django_db
+def test_secret_set_reads_stdin_and_never_echoes(tenant_a, monkeypatch, capsys):
+    import io
+
+    from django.core.management import call_command
+
+    from tools_app.secrets import tenant_secret_values
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("from-stdin-value\n"))
+    call_command("secret_set", "PIPE_KEY", "--tenant", tenant_a.slug)
+    assert "from-stdin-value" not in capsys.readouterr().out
+    assert tenant_secret_values(tenant_a.pk)["PIPE_KEY"] == "from-stdin-value"

@@ -1,0 +1,133 @@
+"""Admin for tools, tool sets, MCP servers, sandbox policies and secrets (values write-only)."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+
+from tenancy_app.admin import TenantScopedAdmin
+
+from .models import MCPServer, SandboxPolicy, Secret, Tool, ToolSet
+from .secrets import set_secret
+
+
+@admin.register(ToolSet)
+class ToolSetAdmin(TenantScopedAdmin):
+    list_display = ["name", "tenant", "is_default", "description"]
+    list_filter = ["is_default"]
+    search_fields = ["name", "description"]
+
+
+@admin.register(Tool)
+class ToolAdmin(TenantScopedAdmin):
+    list_display = ["name", "tenant", "source", "mcp_server", "risk", "read_only", "enabled", "readiness"]
+    list_filter = ["source", "risk", "enabled", "readiness"]
+    search_fields = ["name", "description", "remote_name"]
+    filter_horizontal = ["toolsets"]
+    readonly_fields = [
+        "source",
+        "mcp_server",
+        "remote_name",
+        "declared_hints",
+        "readiness",
+        "readiness_reason",
+    ]
+    fields = [
+        "tenant",
+        "name",
+        "description",
+        "input_schema",
+        "risk",
+        "read_only",
+        "idempotent",
+        "enabled",
+        "toolsets",
+        *readonly_fields,
+    ]
+
+    def save_model(self, request, obj, form, change):
+        hints = obj.declared_hints or {}
+        if change and hints.get("readOnlyHint") is False and obj.read_only:
+            messages.warning(
+                request, f"{obj.name}: marked read-only although its server does not declare it so."
+            )
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(MCPServer)
+class MCPServerAdmin(TenantScopedAdmin):
+    list_display = ["name", "tenant", "transport", "enabled", "status", "last_refreshed_at", "short_error"]
+    list_filter = ["transport", "status", "enabled"]
+    search_fields = ["name", "url", "command"]
+    readonly_fields = ["status", "last_error", "last_refreshed_at"]
+    actions = ["test_and_refresh"]
+
+    @admin.display(description="last error")
+    def short_error(self, obj):
+        return (obj.last_error or "")[:80]
+
+    @admin.action(description="Test connection and refresh tools")
+    def test_and_refresh(self, request, queryset):
+        from .mcp.client import MCPError
+        from .mcp.sync import refresh_server
+
+        for server in queryset:
+            try:
+                result = refresh_server(server)
+            except MCPError as exc:
+                self.message_user(request, f"{server.name}: {exc}", level=messages.ERROR)
+                continue
+            names = ", ".join(t.name for t in result.tools) or "no tools"
+            self.message_user(request, f"{server.name}: connected; {len(result.tools)} tool(s): {names}")
+
+
+@admin.register(SandboxPolicy)
+class SandboxPolicyAdmin(TenantScopedAdmin):
+    list_display = [
+        "name",
+        "tenant",
+        "filesystem",
+        "network",
+        "cpu_seconds",
+        "memory_mb",
+        "wall_seconds",
+        "max_processes",
+        "fallback",
+        "is_default",
+    ]
+
+
+class SecretForm(forms.ModelForm):
+    value = forms.CharField(
+        widget=forms.PasswordInput(render_value=False),
+        required=False,
+        help_text="Write-only: stored encrypted and never shown again. Leave empty to keep the current value.",
+    )
+
+    class Meta:
+        model = Secret
+        fields = ["tenant", "name", "value"]
+
+    def clean(self):
+        cleaned = super().clean()
+        if not self.instance.pk and not cleaned.get("value"):
+            raise forms.ValidationError("A new secret needs a value.")
+        return cleaned
+
+
+@admin.register(Secret)
+class SecretAdmin(TenantScopedAdmin):
+    form = SecretForm
+    list_display = ["name", "tenant", "updated_at"]
+    search_fields = ["name"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["tenant", "name"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        value = form.cleaned_data.get("value")
+        if value:
+            saved = set_secret(obj.tenant, obj.name, value)
+            obj.pk = saved.pk
+        elif not change:
+            raise forms.ValidationError("A new secret needs a value.")

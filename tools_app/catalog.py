@@ -1,0 +1,122 @@
+"""Which tools exist for a tenant and which a Session may call.
+
+Native tools are mirrored into global `Tool` rows (so admins can disable or re-risk them);
+MCP tools are rows written by `mcp.sync.refresh_server`. A Session may call the native
+defaults plus whatever its capabilities (tools, tool sets) name. Rows of the tenant win over
+global rows of the same name.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from django.db.models import Q
+
+from .base import Tool as ToolImpl
+from .models import Readiness, Tool, ToolSet, ToolSource
+from .registry import NATIVE_TOOLS, default_tool_names
+
+
+def sync_native_tools() -> int:
+    """Mirror the code registry into global Tool rows; admin choices (enabled, risk) are kept."""
+    count = 0
+    for name, impl in NATIVE_TOOLS.items():
+        _, created = Tool.objects.update_or_create(
+            tenant=None,
+            name=name,
+            defaults={
+                "description": impl.description,
+                "input_schema": impl.input_schema,
+                "source": ToolSource.NATIVE,
+            },
+            create_defaults={
+                "description": impl.description,
+                "input_schema": impl.input_schema,
+                "source": ToolSource.NATIVE,
+                "risk": str(impl.risk),
+                "read_only": impl.read_only,
+                "idempotent": impl.idempotent,
+            },
+        )
+        count += created
+    return count
+
+
+def _implementation(row: Tool) -> ToolImpl | None:
+    if row.source == ToolSource.NATIVE:
+        impl = NATIVE_TOOLS.get(row.name)
+        if impl is None:
+            return None
+        impl = copy.copy(impl)
+        impl.risk, impl.read_only, impl.idempotent = row.risk, row.read_only, row.idempotent
+    else:
+        from .mcp.tool import MCPTool
+
+        impl = MCPTool.from_row(row)
+    impl.enabled = row.enabled
+    impl.unavailable_reason = (
+        (row.readiness_reason or "not ready") if row.readiness != Readiness.READY else ""
+    )
+    return impl
+
+
+def resolve_available(tenant_id: int, tool_names, toolset_names) -> dict[str, ToolImpl]:
+    """The tools a Session may call, by the name the model sees (one query)."""
+    wanted = set(tool_names) | set(default_tool_names())
+    rows = (
+        Tool.objects.for_tenant(tenant_id)
+        .filter(
+            Q(name__in=wanted)
+            | Q(toolsets__name__in=list(toolset_names), toolsets__tenant_id__in=[tenant_id, None])
+        )
+        .select_related("mcp_server")
+        .distinct()
+    )
+    available: dict[str, ToolImpl] = {name: NATIVE_TOOLS[name] for name in default_tool_names()}
+    for row in sorted(rows, key=lambda r: r.tenant_id is not None):  # tenant rows last: they win
+        impl = _implementation(row)
+        if impl is not None:
+            available[row.name] = impl
+    return available
+
+
+def find(tenant_id: int, query: str, exclude: set[str], limit: int = 20) -> list[dict]:
+    """Tools and tool sets the tenant allows, matching any query term, not already loaded."""
+    terms = [t for t in query.lower().replace(",", " ").split() if len(t) > 1][:8]
+    if not terms:
+        return []
+    match = Q()
+    for term in terms:
+        match |= Q(name__icontains=term) | Q(description__icontains=term)
+    found = []
+    for toolset in ToolSet.objects.for_tenant(tenant_id).filter(match).prefetch_related("tools")[:limit]:
+        if toolset.name not in exclude:
+            found.append(
+                {
+                    "kind": "toolset",
+                    "name": toolset.name,
+                    "description": toolset.description[:300],
+                    "tools": sorted(t.name for t in toolset.tools.all() if t.enabled),
+                }
+            )
+    rows = Tool.objects.for_tenant(tenant_id).filter(match, enabled=True, readiness=Readiness.READY)
+    for row in rows.select_related("mcp_server")[:limit]:
+        if row.name not in exclude:
+            entry = {"kind": "tool", "name": row.name, "description": row.description[:300], "risk": row.risk}
+            if row.mcp_server_id:
+                entry["server"] = row.mcp_server.name
+            found.append(entry)
+    return found[:limit]
+
+
+def known_names(tenant_id: int, names) -> tuple[list[str], list[str], list[str]]:
+    """Split requested names into (tools, toolsets, unknown) for this tenant."""
+    names = list(dict.fromkeys(names))
+    tools = set(
+        Tool.objects.for_tenant(tenant_id).filter(name__in=names, enabled=True).values_list("name", flat=True)
+    )
+    toolsets = set(
+        ToolSet.objects.for_tenant(tenant_id).filter(name__in=names).values_list("name", flat=True)
+    )
+    unknown = [n for n in names if n not in tools and n not in toolsets]
+    return [n for n in names if n in tools], [n for n in names if n in toolsets and n not in tools], unknown

@@ -1,0 +1,220 @@
+"""Tool facts: what tools exist (native, MCP), how they are grouped, which MCP servers
+provide them, under which sandbox they run, and the secrets they may use.
+
+Native tools are global rows (tenant NULL) mirrored from the code registry; everything an
+admin adds belongs to one tenant. Reads go through `for_tenant`, which for these models
+means "this tenant's rows plus the global ones".
+"""
+
+from __future__ import annotations
+
+from django.core.validators import RegexValidator
+from django.db import models
+
+from tenancy_app.models import Tenant, TenantOwnedModel, TenantScopedQuerySet
+
+name_validator = RegexValidator(
+    r"^[a-z0-9][a-z0-9_-]{0,47}$", "Use lowercase letters, digits, '_' or '-' (max 48)."
+)
+
+
+class Risk(models.TextChoices):
+    READ = "read", "Read"
+    WRITE = "write", "Write"
+    DESTRUCTIVE = "destructive", "Destructive"
+    EXTERNAL = "external", "External"
+
+
+class ToolSource(models.TextChoices):
+    NATIVE = "native", "Native"
+    MCP = "mcp", "MCP server"
+
+
+class Readiness(models.TextChoices):
+    READY = "ready", "Ready"
+    UNAVAILABLE = "unavailable", "Unavailable"
+
+
+class TenantOrGlobalQuerySet(TenantScopedQuerySet):
+    def for_tenant(self, tenant):
+        tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
+        return self.filter(models.Q(tenant_id=tenant_id) | models.Q(tenant__isnull=True))
+
+
+class TenantOrGlobalModel(models.Model):
+    tenant = models.ForeignKey(
+        Tenant,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="Empty: every tenant.",
+    )
+
+    objects = TenantOrGlobalQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+
+class MCPServer(TenantOwnedModel):
+    class Transport(models.TextChoices):
+        STDIO = "stdio", "stdio (local command)"
+        STREAMABLE_HTTP = "streamable_http", "Streamable HTTP"
+
+    class Status(models.TextChoices):
+        UNKNOWN = "unknown", "Not checked yet"
+        OK = "ok", "Connected"
+        ERROR = "error", "Error"
+
+    name = models.CharField(max_length=48, validators=[name_validator])
+    transport = models.CharField(max_length=20, choices=Transport.choices)
+    command = models.CharField(max_length=500, blank=True, help_text="stdio: the executable")
+    args = models.JSONField(default=list, blank=True, help_text="stdio: list of arguments")
+    env = models.JSONField(
+        default=dict, blank=True, help_text="stdio: variables; values may be {{secret:NAME}}"
+    )
+    url = models.URLField(max_length=500, blank=True, help_text="Streamable HTTP endpoint")
+    headers = models.JSONField(
+        default=dict, blank=True, help_text="HTTP headers; values may be {{secret:NAME}}"
+    )
+    timeout_seconds = models.PositiveIntegerField(default=30)
+    enabled = models.BooleanField(default=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.UNKNOWN)
+    last_error = models.TextField(blank=True)
+    last_refreshed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "MCP server"
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="unique_mcp_server_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ToolSet(TenantOrGlobalModel):
+    name = models.CharField(max_length=48, validators=[name_validator])
+    description = models.TextField(blank=True)
+    is_default = models.BooleanField(default=False, help_text="Attached to every new Session.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "tool set"
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="unique_toolset_name"),
+            models.UniqueConstraint(
+                fields=["name"], condition=models.Q(tenant__isnull=True), name="unique_global_toolset_name"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Tool(TenantOrGlobalModel):
+    """A tool the model may be offered. `name` is what the model sees (an OpenAI function name)."""
+
+    name = models.CharField(max_length=64, validators=[RegexValidator(r"^[a-zA-Z0-9_-]{1,64}$")])
+    description = models.TextField(blank=True)
+    input_schema = models.JSONField(default=dict)
+    source = models.CharField(max_length=10, choices=ToolSource.choices, default=ToolSource.NATIVE)
+    risk = models.CharField(max_length=12, choices=Risk.choices, default=Risk.READ)
+    read_only = models.BooleanField(default=False)
+    idempotent = models.BooleanField(default=False)
+    enabled = models.BooleanField(default=True)
+    readiness = models.CharField(max_length=12, choices=Readiness.choices, default=Readiness.READY)
+    readiness_reason = models.CharField(max_length=500, blank=True)
+    mcp_server = models.ForeignKey(
+        MCPServer, null=True, blank=True, on_delete=models.CASCADE, related_name="tools"
+    )
+    remote_name = models.CharField(max_length=200, blank=True, help_text="The tool's name on its MCP server.")
+    # What the server's annotations said, kept so an admin can tighten but see what was declared.
+    declared_hints = models.JSONField(default=dict, blank=True)
+    toolsets = models.ManyToManyField(ToolSet, blank=True, related_name="tools")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="unique_tool_name"),
+            models.UniqueConstraint(
+                fields=["name"], condition=models.Q(tenant__isnull=True), name="unique_global_tool_name"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class SandboxPolicy(TenantOrGlobalModel):
+    class Filesystem(models.TextChoices):
+        READ_ONLY = "read_only", "Read only"
+        WORKSPACE_WRITE = "workspace_write", "Workspace writable"
+
+    class Fallback(models.TextChoices):
+        REFUSE = "refuse", "Refuse to run"
+        RLIMITS_ONLY = "rlimits_only", "Run with resource limits only (logged)"
+
+    name = models.CharField(max_length=48, validators=[name_validator])
+    filesystem = models.CharField(
+        max_length=20, choices=Filesystem.choices, default=Filesystem.WORKSPACE_WRITE
+    )
+    network = models.BooleanField(default=False)
+    cpu_seconds = models.PositiveIntegerField(default=30)
+    memory_mb = models.PositiveIntegerField(default=1024)
+    wall_seconds = models.PositiveIntegerField(default=60)
+    max_processes = models.PositiveIntegerField(default=64)
+    max_file_size_mb = models.PositiveIntegerField(default=50)
+    max_output_bytes = models.PositiveIntegerField(default=200_000)
+    fallback = models.CharField(max_length=15, choices=Fallback.choices, default=Fallback.REFUSE)
+    is_default = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "sandbox policies"
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="unique_sandbox_policy_name"),
+            models.UniqueConstraint(
+                fields=["name"],
+                condition=models.Q(tenant__isnull=True),
+                name="unique_global_sandbox_policy_name",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def limits_kwargs(self) -> dict:
+        return {
+            field: getattr(self, field)
+            for field in (
+                "filesystem",
+                "network",
+                "cpu_seconds",
+                "memory_mb",
+                "wall_seconds",
+                "max_processes",
+                "max_file_size_mb",
+                "max_output_bytes",
+                "fallback",
+            )
+        }
+
+
+class Secret(TenantOwnedModel):
+    """A tenant secret: referenced as {{secret:NAME}}, injected at execution, redacted everywhere."""
+
+    name = models.CharField(max_length=100, validators=[RegexValidator(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")])
+    value_encrypted = models.TextField(editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="unique_secret_name")]
+
+    def __str__(self) -> str:
+        return self.name
