@@ -336,5 +336,6 @@ LOGGING = {
         "django.server": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
         "celery": {"level": "WARNING" if EMBEDDED else LOG_LEVEL},
+        "httpx2": {"level": "WARNING"},  # one INFO line per HTTP request (model and MCP calls) is noise
     },
 }

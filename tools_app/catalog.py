@@ -80,6 +80,21 @@ def resolve_available(tenant_id: int, tool_names, toolset_names) -> dict[str, To
     return available
 
 
+def sandbox_limits_for(tenant_id: int):
+    """The tenant's default SandboxPolicy (a tenant row wins over a global one), else the built-in limits."""
+    from .models import SandboxPolicy
+    from .sandbox.policy import DEFAULT_LIMITS, SandboxLimits
+
+    policies = SandboxPolicy.objects.for_tenant(tenant_id).filter(is_default=True)
+    policy = sorted(policies, key=lambda p: p.tenant_id is None)[:1]
+    return SandboxLimits(**policy[0].limits_kwargs()) if policy else DEFAULT_LIMITS
+
+
+def tenant_tool_names(tenant_id: int) -> set[str]:
+    """Every tool name this tenant has (loaded in a Session or not): tells "not loaded" from "unknown"."""
+    return set(Tool.objects.for_tenant(tenant_id).values_list("name", flat=True)) | set(NATIVE_TOOLS)
+
+
 def find(tenant_id: int, query: str, exclude: set[str], limit: int = 20) -> list[dict]:
     """Tools and tool sets the tenant allows, matching any query term, not already loaded."""
     terms = [t for t in query.lower().replace(",", " ").split() if len(t) > 1][:8]

@@ -10,6 +10,7 @@ from .base import Tool
 from .native.discovery import ToolsFind, ToolsSelect
 from .native.files import FsDeleteFiles, FsEdit, FsList, FsRead, FsWrite
 from .native.plan import PlanCreate, PlanUpdate, TaskComplete
+from .native.shell import ShellExec
 
 NATIVE_TOOLS: dict[str, Tool] = {
     tool.name: tool
@@ -24,6 +25,7 @@ NATIVE_TOOLS: dict[str, Tool] = {
         TaskComplete(),
         ToolsFind(),
         ToolsSelect(),
+        ShellExec(),
     )
 }
 

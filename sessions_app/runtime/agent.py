@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from tools_app.base import ToolContext, ToolError
-from tools_app.catalog import resolve_available
+from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool_names
 from tools_app.secrets import Redactor, tenant_secret_values
 from tools_app.service import ToolService
 
@@ -254,6 +254,7 @@ class AgentService:
             workspace=engine.workspace_path(session),
             port=RuntimeSessionPort(self.session_id, self.token),
             secrets=secrets,
+            sandbox_limits=sandbox_limits_for(session.tenant_id) if "shell_exec" in tools else None,
         )
         for call_spec in result.tool_calls:
             engine.announce_tool_started(
@@ -263,6 +264,7 @@ class AgentService:
                 call_spec["name"],
                 redactor.redact_data(_display_arguments(call_spec["arguments"])),
             )
+        self.tool_service.known_tools = tenant_tool_names(session.tenant_id)
         # Consecutive read-only calls run in parallel; results still commit in model order.
         outcomes = self.tool_service.execute_batch(
             [(c["id"], c["name"], c["arguments"]) for c in result.tool_calls], ctx, tools
@@ -293,6 +295,7 @@ class AgentService:
                 content=redactor.redact(outcome.content),
                 ok=outcome.ok,
                 summary=redactor.redact(outcome.summary),
+                source=_source(outcome),
             )
             if outcome.ok:
                 progressed = True
@@ -323,6 +326,11 @@ class AgentService:
     def _end(self, turn_id: int, reason: str, detail: str = "") -> StepResult:
         engine.finish_turn(self.session_id, self.token, turn_id, reason, detail)
         return StepResult(ended=reason, detail=detail)
+
+
+def _source(outcome) -> dict | None:
+    data = getattr(outcome, "data", None) or {}
+    return {"server": data["server"], "tool": data["tool"]} if "server" in data and "tool" in data else None
 
 
 def _display_arguments(raw: str):

@@ -327,11 +327,33 @@ def announce_tool_started(session_id, token, call_id: str, tool: str, arguments)
 
 
 def commit_tool_result(
-    session_id, token, turn_id: int, *, call_id: str, tool: str, content: str, ok: bool, summary: str
+    session_id,
+    token,
+    turn_id: int,
+    *,
+    call_id: str,
+    tool: str,
+    content: str,
+    ok: bool,
+    summary: str,
+    source: dict | None = None,
 ) -> Message:
-    """Commit the result of one tool call (the second half of its pair) and announce it."""
+    """Commit the result of one tool call (the second half of its pair) and announce it.
+
+    `source` names where it ran when that is not this process, e.g. {"server", "tool"} for MCP.
+    """
     with locked_session(session_id, token) as session:
-        emit(session, "tool.ended", {"call_id": call_id, "tool": tool, "ok": ok, "summary": summary})
+        emit(
+            session,
+            "tool.ended",
+            {
+                "call_id": call_id,
+                "tool": tool,
+                "ok": ok,
+                "summary": summary,
+                **({"source": source} if source else {}),
+            },
+        )
         return _append_message(
             session,
             Turn(pk=turn_id),

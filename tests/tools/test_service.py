@@ -442,6 +442,7 @@ def test_native_tools_declare_valid_strict_schemas_and_their_risk():
             "task_complete",
             "tools_find",
             "tools_select",
+            "shell_exec",
         ]
     )
     for name, tool in NATIVE_TOOLS.items():
@@ -457,6 +458,7 @@ def test_native_tools_declare_valid_strict_schemas_and_their_risk():
     for name in ("plan_create", "plan_update", "task_complete", "tools_select"):
         assert risks[name][:2] == (Risk.WRITE, False)
     assert risks["tools_find"] == (Risk.READ, True, True)
+    assert risks["shell_exec"][:2] == (Risk.EXTERNAL, False)
 
 
 def test_default_tools_leave_out_the_destructive_delete():

@@ -6,144 +6,347 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('tenancy_app', '0001_initial'),
+        ("tenancy_app", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='MCPServer',
+            name="MCPServer",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=48, validators=[django.core.validators.RegexValidator('^[a-z0-9][a-z0-9_-]{0,47}$', "Use lowercase letters, digits, '_' or '-' (max 48).")])),
-                ('transport', models.CharField(choices=[('stdio', 'stdio (local command)'), ('streamable_http', 'Streamable HTTP')], max_length=20)),
-                ('command', models.CharField(blank=True, help_text='stdio: the executable', max_length=500)),
-                ('args', models.JSONField(blank=True, default=list, help_text='stdio: list of arguments')),
-                ('env', models.JSONField(blank=True, default=dict, help_text='stdio: variables; values may be {{secret:NAME}}')),
-                ('url', models.URLField(blank=True, help_text='Streamable HTTP endpoint', max_length=500)),
-                ('headers', models.JSONField(blank=True, default=dict, help_text='HTTP headers; values may be {{secret:NAME}}')),
-                ('timeout_seconds', models.PositiveIntegerField(default=30)),
-                ('enabled', models.BooleanField(default=True)),
-                ('status', models.CharField(choices=[('unknown', 'Not checked yet'), ('ok', 'Connected'), ('error', 'Error')], default='unknown', max_length=10)),
-                ('last_error', models.TextField(blank=True)),
-                ('last_refreshed_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenancy_app.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=48,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[a-z0-9][a-z0-9_-]{0,47}$",
+                                "Use lowercase letters, digits, '_' or '-' (max 48).",
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "transport",
+                    models.CharField(
+                        choices=[("stdio", "stdio (local command)"), ("streamable_http", "Streamable HTTP")],
+                        max_length=20,
+                    ),
+                ),
+                ("command", models.CharField(blank=True, help_text="stdio: the executable", max_length=500)),
+                ("args", models.JSONField(blank=True, default=list, help_text="stdio: list of arguments")),
+                (
+                    "env",
+                    models.JSONField(
+                        blank=True, default=dict, help_text="stdio: variables; values may be {{secret:NAME}}"
+                    ),
+                ),
+                ("url", models.URLField(blank=True, help_text="Streamable HTTP endpoint", max_length=500)),
+                (
+                    "headers",
+                    models.JSONField(
+                        blank=True, default=dict, help_text="HTTP headers; values may be {{secret:NAME}}"
+                    ),
+                ),
+                ("timeout_seconds", models.PositiveIntegerField(default=30)),
+                ("enabled", models.BooleanField(default=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("unknown", "Not checked yet"), ("ok", "Connected"), ("error", "Error")],
+                        default="unknown",
+                        max_length=10,
+                    ),
+                ),
+                ("last_error", models.TextField(blank=True)),
+                ("last_refreshed_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="tenancy_app.tenant"
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'MCP server',
-                'ordering': ['name'],
+                "verbose_name": "MCP server",
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='SandboxPolicy',
+            name="SandboxPolicy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=48, validators=[django.core.validators.RegexValidator('^[a-z0-9][a-z0-9_-]{0,47}$', "Use lowercase letters, digits, '_' or '-' (max 48).")])),
-                ('filesystem', models.CharField(choices=[('read_only', 'Read only'), ('workspace_write', 'Workspace writable')], default='workspace_write', max_length=20)),
-                ('network', models.BooleanField(default=False)),
-                ('cpu_seconds', models.PositiveIntegerField(default=30)),
-                ('memory_mb', models.PositiveIntegerField(default=1024)),
-                ('wall_seconds', models.PositiveIntegerField(default=60)),
-                ('max_processes', models.PositiveIntegerField(default=64)),
-                ('max_file_size_mb', models.PositiveIntegerField(default=50)),
-                ('max_output_bytes', models.PositiveIntegerField(default=200000)),
-                ('fallback', models.CharField(choices=[('refuse', 'Refuse to run'), ('rlimits_only', 'Run with resource limits only (logged)')], default='refuse', max_length=15)),
-                ('is_default', models.BooleanField(default=False)),
-                ('tenant', models.ForeignKey(blank=True, help_text='Empty: every tenant.', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenancy_app.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=48,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[a-z0-9][a-z0-9_-]{0,47}$",
+                                "Use lowercase letters, digits, '_' or '-' (max 48).",
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "filesystem",
+                    models.CharField(
+                        choices=[("read_only", "Read only"), ("workspace_write", "Workspace writable")],
+                        default="workspace_write",
+                        max_length=20,
+                    ),
+                ),
+                ("network", models.BooleanField(default=False)),
+                ("cpu_seconds", models.PositiveIntegerField(default=30)),
+                ("memory_mb", models.PositiveIntegerField(default=1024)),
+                ("wall_seconds", models.PositiveIntegerField(default=60)),
+                ("max_processes", models.PositiveIntegerField(default=64)),
+                ("max_file_size_mb", models.PositiveIntegerField(default=50)),
+                ("max_output_bytes", models.PositiveIntegerField(default=200000)),
+                (
+                    "fallback",
+                    models.CharField(
+                        choices=[
+                            ("refuse", "Refuse to run"),
+                            ("rlimits_only", "Run with resource limits only (logged)"),
+                        ],
+                        default="refuse",
+                        max_length=15,
+                    ),
+                ),
+                ("is_default", models.BooleanField(default=False)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Empty: every tenant.",
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="tenancy_app.tenant",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'sandbox policies',
-                'ordering': ['name'],
+                "verbose_name_plural": "sandbox policies",
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Secret',
+            name="Secret",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, validators=[django.core.validators.RegexValidator('^[A-Za-z_][A-Za-z0-9_]{0,99}$')])),
-                ('value_encrypted', models.TextField(editable=False)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenancy_app.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=100,
+                        validators=[django.core.validators.RegexValidator("^[A-Za-z_][A-Za-z0-9_]{0,99}$")],
+                    ),
+                ),
+                ("value_encrypted", models.TextField(editable=False)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="tenancy_app.tenant"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='ToolSet',
+            name="ToolSet",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=48, validators=[django.core.validators.RegexValidator('^[a-z0-9][a-z0-9_-]{0,47}$', "Use lowercase letters, digits, '_' or '-' (max 48).")])),
-                ('description', models.TextField(blank=True)),
-                ('is_default', models.BooleanField(default=False, help_text='Attached to every new Session.')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('tenant', models.ForeignKey(blank=True, help_text='Empty: every tenant.', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenancy_app.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=48,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[a-z0-9][a-z0-9_-]{0,47}$",
+                                "Use lowercase letters, digits, '_' or '-' (max 48).",
+                            )
+                        ],
+                    ),
+                ),
+                ("description", models.TextField(blank=True)),
+                (
+                    "is_default",
+                    models.BooleanField(default=False, help_text="Attached to every new Session."),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Empty: every tenant.",
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="tenancy_app.tenant",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'tool set',
-                'ordering': ['name'],
+                "verbose_name": "tool set",
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Tool',
+            name="Tool",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, validators=[django.core.validators.RegexValidator('^[a-zA-Z0-9_-]{1,64}$')])),
-                ('description', models.TextField(blank=True)),
-                ('input_schema', models.JSONField(default=dict)),
-                ('source', models.CharField(choices=[('native', 'Native'), ('mcp', 'MCP server')], default='native', max_length=10)),
-                ('risk', models.CharField(choices=[('read', 'Read'), ('write', 'Write'), ('destructive', 'Destructive'), ('external', 'External')], default='read', max_length=12)),
-                ('read_only', models.BooleanField(default=False)),
-                ('idempotent', models.BooleanField(default=False)),
-                ('enabled', models.BooleanField(default=True)),
-                ('readiness', models.CharField(choices=[('ready', 'Ready'), ('unavailable', 'Unavailable')], default='ready', max_length=12)),
-                ('readiness_reason', models.CharField(blank=True, max_length=500)),
-                ('remote_name', models.CharField(blank=True, help_text="The tool's name on its MCP server.", max_length=200)),
-                ('declared_hints', models.JSONField(blank=True, default=dict)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('mcp_server', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='tools', to='tools_app.mcpserver')),
-                ('tenant', models.ForeignKey(blank=True, help_text='Empty: every tenant.', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenancy_app.tenant')),
-                ('toolsets', models.ManyToManyField(blank=True, related_name='tools', to='tools_app.toolset')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=64,
+                        validators=[django.core.validators.RegexValidator("^[a-zA-Z0-9_-]{1,64}$")],
+                    ),
+                ),
+                ("description", models.TextField(blank=True)),
+                ("input_schema", models.JSONField(default=dict)),
+                (
+                    "source",
+                    models.CharField(
+                        choices=[("native", "Native"), ("mcp", "MCP server")], default="native", max_length=10
+                    ),
+                ),
+                (
+                    "risk",
+                    models.CharField(
+                        choices=[
+                            ("read", "Read"),
+                            ("write", "Write"),
+                            ("destructive", "Destructive"),
+                            ("external", "External"),
+                        ],
+                        default="read",
+                        max_length=12,
+                    ),
+                ),
+                ("read_only", models.BooleanField(default=False)),
+                ("idempotent", models.BooleanField(default=False)),
+                ("enabled", models.BooleanField(default=True)),
+                (
+                    "readiness",
+                    models.CharField(
+                        choices=[("ready", "Ready"), ("unavailable", "Unavailable")],
+                        default="ready",
+                        max_length=12,
+                    ),
+                ),
+                ("readiness_reason", models.CharField(blank=True, max_length=500)),
+                (
+                    "remote_name",
+                    models.CharField(
+                        blank=True, help_text="The tool's name on its MCP server.", max_length=200
+                    ),
+                ),
+                ("declared_hints", models.JSONField(blank=True, default=dict)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "mcp_server",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="tools",
+                        to="tools_app.mcpserver",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Empty: every tenant.",
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="tenancy_app.tenant",
+                    ),
+                ),
+                (
+                    "toolsets",
+                    models.ManyToManyField(blank=True, related_name="tools", to="tools_app.toolset"),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.AddConstraint(
-            model_name='mcpserver',
-            constraint=models.UniqueConstraint(fields=('tenant', 'name'), name='unique_mcp_server_name'),
+            model_name="mcpserver",
+            constraint=models.UniqueConstraint(fields=("tenant", "name"), name="unique_mcp_server_name"),
         ),
         migrations.AddConstraint(
-            model_name='sandboxpolicy',
-            constraint=models.UniqueConstraint(fields=('tenant', 'name'), name='unique_sandbox_policy_name'),
+            model_name="sandboxpolicy",
+            constraint=models.UniqueConstraint(fields=("tenant", "name"), name="unique_sandbox_policy_name"),
         ),
         migrations.AddConstraint(
-            model_name='sandboxpolicy',
-            constraint=models.UniqueConstraint(condition=models.Q(('tenant__isnull', True)), fields=('name',), name='unique_global_sandbox_policy_name'),
+            model_name="sandboxpolicy",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("tenant__isnull", True)),
+                fields=("name",),
+                name="unique_global_sandbox_policy_name",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='secret',
-            constraint=models.UniqueConstraint(fields=('tenant', 'name'), name='unique_secret_name'),
+            model_name="secret",
+            constraint=models.UniqueConstraint(fields=("tenant", "name"), name="unique_secret_name"),
         ),
         migrations.AddConstraint(
-            model_name='toolset',
-            constraint=models.UniqueConstraint(fields=('tenant', 'name'), name='unique_toolset_name'),
+            model_name="toolset",
+            constraint=models.UniqueConstraint(fields=("tenant", "name"), name="unique_toolset_name"),
         ),
         migrations.AddConstraint(
-            model_name='toolset',
-            constraint=models.UniqueConstraint(condition=models.Q(('tenant__isnull', True)), fields=('name',), name='unique_global_toolset_name'),
+            model_name="toolset",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("tenant__isnull", True)),
+                fields=("name",),
+                name="unique_global_toolset_name",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='tool',
-            constraint=models.UniqueConstraint(fields=('tenant', 'name'), name='unique_tool_name'),
+            model_name="tool",
+            constraint=models.UniqueConstraint(fields=("tenant", "name"), name="unique_tool_name"),
         ),
         migrations.AddConstraint(
-            model_name='tool',
-            constraint=models.UniqueConstraint(condition=models.Q(('tenant__isnull', True)), fields=('name',), name='unique_global_tool_name'),
+            model_name="tool",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("tenant__isnull", True)), fields=("name",), name="unique_global_tool_name"
+            ),
         ),
     ]

@@ -1,0 +1,384 @@
+"""The product's one MCP client: a synchronous facade over the official SDK's async API.
+
+Every operation opens its own connection in a fresh event loop (`asyncio.run`), so it can be
+called from Django views, admin actions, management commands and Celery/ToolService threads
+alike. Nothing is pooled: a stdio server is started per operation and stopped afterwards.
+
+Every failure — refused connection, a process that exits, a timeout, a protocol error — comes
+out as one `MCPError` whose message is a human sentence naming the server and what failed.
+Messages never carry tracebacks, and any secret value injected into the connection is masked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import IO, Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError as SDKError
+from mcp.types import Implementation
+from pydantic import ValidationError
+
+from tools_app.secrets import MissingSecret, Redactor, resolve_refs
+
+STDIO = "stdio"
+STREAMABLE_HTTP = "streamable_http"
+HINT_KEYS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+CONNECTION_CLOSED = -32000  # the SDK's code for "the other side went away"
+MAX_PAGES = 100  # a server whose tools/list never ends must not hang a refresh
+STDERR_TAIL_CHARS = 300
+CLIENT_INFO = Implementation(name="xagent-workspace", version="0.1.0")
+
+T = TypeVar("T")
+
+
+class MCPError(Exception):
+    """An MCP operation failed; `str(error)` is a sentence fit for an admin or a model."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How to reach one MCP server, with `{{secret:...}}` references already resolved.
+
+    `env` and `headers` carry secret values, so they stay out of `repr`; `secret_values` are
+    the tenant's secrets, masked in every error message this client produces.
+    """
+
+    server_name: str
+    transport: str
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    cwd: str | None = None
+    url: str = ""
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    timeout: float = 30.0
+    secret_values: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def label(self) -> str:
+        return f"MCP server {self.server_name!r}"
+
+
+@dataclass
+class RemoteTool:
+    name: str
+    description: str
+    input_schema: dict
+    annotations: dict = field(default_factory=dict)
+
+
+@dataclass
+class RemoteResult:
+    text: str
+    structured: Any = None
+    is_error: bool = False
+
+
+@dataclass
+class ProbeCall:
+    tool: RemoteTool
+    arguments: dict
+    result: RemoteResult | None = None
+    error: str = ""  # the server answered this call with a JSON-RPC error
+
+
+def connection_for(server, secrets: dict[str, str]) -> Connection:
+    """Build the Connection for an `MCPServer` row, resolving secret references.
+
+    Raises MCPError if a referenced secret is not set for the server's tenant.
+    """
+    try:
+        env = {str(k): str(v) for k, v in resolve_refs(dict(server.env or {}), secrets).items()}
+        headers = {str(k): str(v) for k, v in resolve_refs(dict(server.headers or {}), secrets).items()}
+    except MissingSecret as exc:
+        raise MCPError(
+            f"MCP server {server.name!r} refers to the secret {exc.args[0]!r}, which is not set for this tenant."
+        ) from None
+    timeout = float(server.timeout_seconds or 30)
+    if server.transport == STDIO:
+        from django.conf import settings
+
+        return Connection(
+            server_name=server.name,
+            transport=STDIO,
+            command=server.command,
+            args=tuple(str(a) for a in (server.args or [])),
+            # The SDK passes only a few safe variables (HOME, PATH, ...) of ours to the server,
+            # never the product's own settings; PATH is made explicit so the command resolves.
+            env={"PATH": os.environ.get("PATH", os.defpath)} | env,
+            cwd=str(settings.BASE_DIR),
+            timeout=timeout,
+            secret_values=tuple(secrets.values()),
+        )
+    if server.transport == STREAMABLE_HTTP:
+        return Connection(
+            server_name=server.name,
+            transport=STREAMABLE_HTTP,
+            url=server.url,
+            headers=headers,
+            timeout=timeout,
+            secret_values=tuple(secrets.values()),
+        )
+    raise MCPError(f"MCP server {server.name!r} has an unknown transport {server.transport!r}.")
+
+
+# --- the three operations -----------------------------------------------------------------
+
+
+def list_tools(conn: Connection, timeout: float | None = None) -> list[RemoteTool]:
+    """Connect, list every tool (following pagination), disconnect."""
+
+    async def operation(client: Client, renew: Callable[[], None]) -> list[RemoteTool]:
+        return await _list_all(client, renew)
+
+    return _run(conn, "listing its tools", operation, timeout)
+
+
+def call_tool(conn: Connection, name: str, arguments: dict, timeout: float | None = None) -> RemoteResult:
+    """Connect, call one tool, disconnect. A tool-level failure is `RemoteResult(is_error=True)`."""
+
+    async def operation(client: Client, renew: Callable[[], None]) -> RemoteResult:
+        return _to_result(await client.call_tool(name, arguments, read_timeout_seconds=_limit(conn, timeout)))
+
+    return _run(conn, f"calling the tool {name!r}", operation, timeout)
+
+
+def probe(
+    conn: Connection, arguments_for: Callable[[dict], dict], timeout: float | None = None
+) -> list[ProbeCall]:
+    """One session: list the tools, then call each with `arguments_for(input_schema)`.
+
+    A call the server answers with a JSON-RPC error is recorded on its ProbeCall (the exchange
+    worked); a broken connection or a timeout raises MCPError.
+    """
+
+    async def operation(client: Client, renew: Callable[[], None]) -> list[ProbeCall]:
+        calls = []
+        for tool in await _list_all(client, renew):
+            call = ProbeCall(tool=tool, arguments=arguments_for(tool.input_schema))
+            renew()
+            try:
+                raw = await client.call_tool(
+                    tool.name, call.arguments, read_timeout_seconds=_limit(conn, timeout)
+                )
+                call.result = _to_result(raw)
+            except SDKError as exc:
+                if exc.code == CONNECTION_CLOSED:
+                    raise
+                call.error = f"{exc.message} (code {exc.code})"
+            calls.append(call)
+        return calls
+
+    return _run(conn, "probing its tools", operation, timeout)
+
+
+# --- plumbing -------------------------------------------------------------------------------
+
+
+async def _list_all(client: Client, renew: Callable[[], None]) -> list[RemoteTool]:
+    tools: list[RemoteTool] = []
+    cursor: str | None = None
+    for _ in range(MAX_PAGES):
+        renew()
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(_to_remote_tool(t) for t in page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return tools
+
+
+def _to_remote_tool(tool) -> RemoteTool:
+    hints = {}
+    if tool.annotations is not None:
+        declared = tool.annotations.model_dump(by_alias=True, exclude_none=True)
+        hints = {key: bool(declared[key]) for key in HINT_KEYS if key in declared}
+    return RemoteTool(
+        name=tool.name,
+        description=tool.description or (tool.annotations.title if tool.annotations else None) or "",
+        input_schema=dict(tool.input_schema or {"type": "object", "properties": {}}),
+        annotations=hints,
+    )
+
+
+def _to_result(result) -> RemoteResult:
+    parts = []
+    for item in result.content:
+        kind = getattr(item, "type", "")
+        if kind == "text":
+            parts.append(item.text)
+        elif kind == "resource" and hasattr(item.resource, "text"):
+            parts.append(item.resource.text)
+        elif kind == "resource_link":
+            parts.append(f"[resource: {item.uri}]")
+        else:
+            parts.append(f"[{kind or 'unknown'} content: {getattr(item, 'mime_type', '') or 'binary'}]")
+    structured = result.structured_content
+    text = "\n".join(parts)
+    if not text and structured is not None:
+        text = json.dumps(structured, ensure_ascii=False)
+    return RemoteResult(text=text, structured=structured, is_error=bool(result.is_error))
+
+
+def _limit(conn: Connection, timeout: float | None) -> float:
+    return float(timeout if timeout is not None else conn.timeout)
+
+
+def _run(
+    conn: Connection,
+    doing: str,
+    operation: Callable[[Client, Callable[[], None]], Awaitable[T]],
+    timeout: float | None,
+) -> T:
+    """Run `operation(client, renew)` in one session; `renew()` restarts the deadline for a next step."""
+    limit = _limit(conn, timeout)
+    redactor = Redactor(conn.secret_values)
+    # The SDK turns an HTTP error status into a generic protocol error; keep the status for the message.
+    http_errors: list[int] = []
+
+    async def record_status(response: httpx2.Response) -> None:
+        if response.status_code >= 400 and response.request.method == "POST":
+            http_errors.append(response.status_code)
+
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as errlog:
+
+        async def session() -> T:
+            with anyio.fail_after(limit) as scope:
+
+                def renew() -> None:
+                    scope.deadline = anyio.current_time() + limit
+
+                async with contextlib.AsyncExitStack() as stack:
+                    if conn.transport == STDIO:
+                        params = StdioServerParameters(
+                            command=conn.command, args=list(conn.args), env=conn.env, cwd=conn.cwd
+                        )
+                        transport = stdio_client(params, errlog=errlog)
+                    else:
+                        # The SDK leaves an HTTP client it was handed open: the stack closes it.
+                        http = await stack.enter_async_context(
+                            httpx2.AsyncClient(
+                                headers=conn.headers,
+                                timeout=httpx2.Timeout(limit),
+                                event_hooks={"response": [record_status]},
+                            )
+                        )
+                        transport = streamable_http_client(conn.url, http_client=http)
+                    client = await stack.enter_async_context(
+                        Client(transport, read_timeout_seconds=limit, client_info=CLIENT_INFO)
+                    )
+                    renew()
+                    return await operation(client, renew)
+
+        if conn.transport not in (STDIO, STREAMABLE_HTTP):
+            raise MCPError(f"{conn.label} has an unknown transport {conn.transport!r}.")
+        try:
+            return _run_coroutine(session)
+        except MCPError:
+            raise
+        except Exception as exc:  # every failure becomes one sentence
+            status = http_errors[0] if http_errors else None
+            message = _describe(conn, doing, _leaf(exc), limit, _stderr_tail(errlog), status)
+            raise MCPError(redactor.redact(message)) from None
+
+
+def _run_coroutine(factory: Callable[[], Awaitable[T]]) -> T:
+    """`asyncio.run` here, or in a helper thread when this thread already runs a loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(factory())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcp") as pool:
+        return pool.submit(lambda: asyncio.run(factory())).result()
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first meaningful exception inside the task-group wrappers anyio puts around it."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        inner = [e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)]
+        exc = (inner or list(exc.exceptions))[0]
+    return exc
+
+
+def _stderr_tail(errlog: IO[str]) -> str:
+    try:
+        errlog.flush()
+        errlog.seek(0)
+        text = errlog.read()
+    except (OSError, ValueError):
+        return ""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    tail = lines[-1]
+    return tail if len(tail) <= STDERR_TAIL_CHARS else tail[: STDERR_TAIL_CHARS - 1] + "…"
+
+
+def _public_url(url: str) -> str:
+    """The URL without user:password, for messages."""
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host = f"{host}:{parts.port}"
+        parts = parts._replace(netloc=host)
+    return urlunsplit(parts)
+
+
+HTTP_HINTS = {
+    401: " (not authorized: check the server's headers and the secrets they reference)",
+    403: " (forbidden: check the server's headers and the secrets they reference)",
+    404: " (no MCP endpoint at this URL)",
+}
+
+
+def _describe(
+    conn: Connection,
+    doing: str,
+    exc: BaseException,
+    limit: float,
+    stderr: str,
+    http_status: int | None = None,
+) -> str:
+    where = f"{conn.label} at {_public_url(conn.url)}" if conn.transport == STREAMABLE_HTTP else conn.label
+    said = f" Its last error output: {stderr}" if stderr else ""
+    if http_status is not None and isinstance(exc, SDKError | httpx2.HTTPError):
+        return f"{where} answered HTTP {http_status}{HTTP_HINTS.get(http_status, '')} while {doing}."
+    if isinstance(exc, TimeoutError | httpx2.TimeoutException):
+        unit = "second" if limit == 1 else "seconds"
+        return f"{where} did not answer within {limit:g} {unit} while {doing}.{said}"
+    if isinstance(exc, httpx2.ConnectError):
+        return f"Could not connect to {where} while {doing}: the connection was refused or the host is unreachable."
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return f"{where} answered HTTP {exc.response.status_code} while {doing}."
+    if isinstance(exc, httpx2.HTTPError):
+        return f"The HTTP exchange with {where} failed while {doing}: {type(exc).__name__}."
+    if isinstance(exc, FileNotFoundError):
+        return f"Could not start {conn.label}: the command {conn.command!r} was not found."
+    if isinstance(exc, PermissionError):
+        return f"Could not start {conn.label}: the command {conn.command!r} is not executable."
+    if isinstance(exc, SDKError):
+        if exc.code == CONNECTION_CLOSED:
+            if conn.transport == STDIO:
+                return f"{conn.label} closed the connection while {doing} (the process exited).{said}"
+            return f"{where} closed the connection while {doing}."
+        return f"{where} answered with a protocol error while {doing}: {exc.message} (code {exc.code})."
+    if isinstance(exc, ValidationError):
+        return f"{where} sent an answer that is not valid MCP while {doing}."
+    if isinstance(exc, OSError):
+        return f"Could not reach {where} while {doing}: {exc.strerror or type(exc).__name__}.{said}"
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{where} failed while {doing}: {type(exc).__name__}{': ' + detail if detail else ''}.{said}"

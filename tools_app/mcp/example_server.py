@@ -1,0 +1,108 @@
+"""A small MCP server shipped with the product, for tests and the demo (SCENARIOS S5).
+
+    python -m tools_app.mcp.example_server                          # stdio
+    python -m tools_app.mcp.example_server --http --port 8765       # Streamable HTTP at /mcp
+
+It is a separate process speaking only MCP, so it must not import Django. `save_note` writes
+only inside a temporary directory of its own; `show_auth` echoes the credential it received
+(the `Authorization` header over HTTP, `EXAMPLE_TOKEN` over stdio) so redaction can be tested.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+
+READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+server = MCPServer(
+    "xagent-example",
+    instructions="Example tools of the xAgent workspace: echo, arithmetic, word counts, notes.",
+    version="1.0",
+    log_level="WARNING",
+)
+
+_notes_dir: Path | None = None
+
+
+def _notes() -> Path:
+    global _notes_dir
+    if _notes_dir is None:
+        _notes_dir = Path(tempfile.mkdtemp(prefix="xagent-example-notes-"))
+    return _notes_dir
+
+
+@server.tool(description="Return the text unchanged.", annotations=READ_ONLY, structured_output=False)
+def echo(text: str) -> str:
+    return text
+
+
+@server.tool(
+    description="Add two numbers.",
+    annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+    structured_output=False,
+)
+def add(a: float, b: float) -> str:
+    total = a + b
+    return str(int(total)) if float(total).is_integer() else str(total)
+
+
+@server.tool(description="Count the words in a text.", annotations=READ_ONLY, structured_output=False)
+def word_count(text: str) -> str:
+    return str(len(text.split()))
+
+
+@server.tool(
+    description="Save a note (kept in the example server's own temporary directory).",
+    annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False),
+    structured_output=False,
+)
+def save_note(title: str, body: str) -> str:
+    slug = re.sub(r"[^a-zA-Z0-9_-]+", "-", title).strip("-")[:60] or "note"
+    path = _notes() / f"{slug}.txt"
+    path.write_text(body, encoding="utf-8")
+    return f"saved note {slug!r} ({len(body)} characters)"
+
+
+@server.tool(
+    description="Always fail with the given message (an error result).",
+    annotations=READ_ONLY,
+    structured_output=False,
+)
+def fail(message: str) -> str:
+    raise ToolError(message)
+
+
+@server.tool(
+    description="Show the credential this server received (Authorization header or EXAMPLE_TOKEN).",
+    annotations=READ_ONLY,
+    structured_output=False,
+)
+def show_auth(ctx: Context) -> str:
+    headers = ctx.headers
+    if headers is not None:
+        return headers.get("authorization", "")
+    return os.environ.get("EXAMPLE_TOKEN", "")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--http", action="store_true", help="serve Streamable HTTP at /mcp instead of stdio")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    options = parser.parse_args(argv)
+    if options.http:
+        server.run("streamable-http", host=options.host, port=options.port)
+    else:
+        server.run("stdio")
+
+
+if __name__ == "__main__":
+    main()

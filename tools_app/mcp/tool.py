@@ -1,0 +1,95 @@
+"""`MCPTool`: a Tool row of an MCP server, as ToolService runs it.
+
+The row is the product's decision about the tool (name, risk, flags, schema); the server row
+is read fresh at each call, so a changed URL, header or secret applies at once. Redaction of
+what comes back is the caller's job (ToolService/runtime); this module only makes sure its
+own error messages never carry a secret value.
+"""
+
+from __future__ import annotations
+
+from tools_app.base import Risk, Tool, ToolContext, ToolError, ToolResult
+from tools_app.models import MCPServer
+from tools_app.secrets import tenant_secret_values
+
+from .client import MCPError, call_tool, connection_for
+from .sync import record_server_error, record_server_ok
+
+SUMMARY_CHARS = 160
+
+
+class MCPTool(Tool):
+    def __init__(
+        self,
+        *,
+        name: str,
+        description: str,
+        input_schema: dict,
+        risk: str,
+        read_only: bool,
+        idempotent: bool,
+        server_id: int,
+        server_name: str,
+        remote_name: str,
+    ):
+        self.name = name
+        self.description = description
+        self.input_schema = input_schema or {"type": "object", "properties": {}}
+        self.risk = Risk(risk)
+        self.read_only = read_only
+        self.idempotent = idempotent
+        self.server_id = server_id
+        self.server_name = server_name
+        self.remote_name = remote_name
+
+    @classmethod
+    def from_row(cls, row) -> MCPTool:
+        """Build from a `tools_app.models.Tool` row whose source is MCP."""
+        if row.mcp_server_id is None:
+            raise ValueError(f"tool {row.name!r} is not provided by an MCP server")
+        return cls(
+            name=row.name,
+            description=row.description,
+            input_schema=row.input_schema,
+            risk=row.risk,
+            read_only=row.read_only,
+            idempotent=row.idempotent,
+            server_id=row.mcp_server_id,
+            server_name=row.mcp_server.name,
+            remote_name=row.remote_name,
+        )
+
+    def __repr__(self) -> str:
+        return f"<MCPTool {self.name} -> {self.server_name}:{self.remote_name}>"
+
+    def run(self, ctx: ToolContext, args: dict) -> ToolResult:
+        # Scoped by the calling Session's tenant: a row of another tenant's server never runs.
+        server = MCPServer.objects.for_tenant(ctx.tenant_id).filter(pk=self.server_id).first()
+        if server is None:
+            raise ToolError(
+                f"the MCP server {self.server_name!r} of this tool no longer exists", code="tool_unavailable"
+            )
+        if not server.enabled:
+            raise ToolError(f"the MCP server {server.name!r} is disabled", code="tool_unavailable")
+        try:
+            conn = connection_for(server, tenant_secret_values(server.tenant_id))
+            remote = call_tool(conn, self.remote_name, args, timeout=server.timeout_seconds)
+        except MCPError as exc:
+            # One failed call says the server is in trouble, not that its tools are gone:
+            # they stay offered until a refresh finds out.
+            record_server_error(server, str(exc), tools_unavailable=False)
+            raise ToolError(str(exc), code="mcp_error", stage="runtime") from None
+        record_server_ok(server)
+        where = f"{server.name}:{self.remote_name}"
+        first_line = remote.text.strip().split("\n", 1)[0] if remote.text.strip() else ""
+        if len(first_line) > SUMMARY_CHARS:
+            first_line = first_line[: SUMMARY_CHARS - 1] + "…"
+        verb = "failed" if remote.is_error else "returned"
+        summary = f"{where} {verb}: {first_line}" if first_line else f"{where} {verb} nothing"
+        content = (
+            remote.text
+            if remote.text
+            else ("(error without a message)" if remote.is_error else "(no output)")
+        )
+        data = {"server": server.name, "tool": self.remote_name}
+        return ToolResult(content=content, summary=summary, is_error=remote.is_error, data=data)

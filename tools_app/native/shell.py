@@ -1,0 +1,165 @@
+"""Native tool shell_exec: run a shell command in the Session workspace, inside ProcessSandbox.
+
+The limits come from the runtime, not the model: `ctx.sandbox_limits` (a SandboxLimits the
+runtime maps from the Session's SandboxPolicy) or DEFAULT_LIMITS, and `ctx.env` (extra
+environment, e.g. injected secrets). The model's `timeout_seconds` can only shorten the policy's
+wall-clock limit. An optional `ctx.cancel` (threading.Event) stops the command when set.
+
+A non-zero exit is an ordinary result the model should read (`is_error=False`, the summary says
+"exit N"); a run the sandbox stopped (wall/CPU/file-size limit, output flood, cancel) is an
+error result. Files the command created, modified or deleted are reported through
+`ctx.port.file_changed`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from ..base import Risk, Tool, ToolContext, ToolResult
+from ..sandbox.policy import DEFAULT_LIMITS, SandboxLimits
+from ..sandbox.process import SandboxRun, run_sandboxed
+
+MAX_TIMEOUT_SECONDS = 600
+# What of stdout + stderr goes into the content, below ToolService.MAX_RESULT_CHARS so the
+# generic cap never cuts the exit status or the changed-file list off.
+OUTPUT_BUDGET_CHARS = 15_000
+MAX_LISTED_CHANGES = 50
+
+
+def _duration(ms: int) -> str:
+    return f"{ms} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+
+def _clip(text: str, budget: int) -> str:
+    """Keep the head and (mostly) the tail of `text`: errors usually come last."""
+    if len(text) <= budget:
+        return text
+    head = budget // 3
+    tail = budget - head
+    omitted = len(text) - head - tail
+    return f"{text[:head]}\n…[{omitted:,} characters omitted]…\n{text[-tail:]}"
+
+
+def _split_budget(stdout: str, stderr: str) -> tuple[int, int]:
+    if len(stdout) + len(stderr) <= OUTPUT_BUDGET_CHARS:
+        return len(stdout), len(stderr)
+    # Each stream gets at least a third of the budget if it needs it; the rest goes to the other.
+    floor = OUTPUT_BUDGET_CHARS // 3
+    err = min(len(stderr), max(floor, OUTPUT_BUDGET_CHARS - len(stdout)))
+    return OUTPUT_BUDGET_CHARS - err, err
+
+
+def _killed_message(run: SandboxRun, limits: SandboxLimits) -> str | None:
+    reason = run.killed_reason
+    if reason is None:
+        return None
+    if reason == "timeout":
+        return f"the command was killed: it ran past the {limits.wall_seconds} s wall-clock limit"
+    if reason == "cancelled":
+        return "the command was cancelled"
+    if reason == "output_limit":
+        return "the command was stopped: it produced far more output than can be shown"
+    if reason == "cpu_limit":
+        return f"the command was killed: it used more than the {limits.cpu_seconds} s CPU-time limit"
+    if reason == "file_size_limit":
+        return (
+            f"the command was killed: it tried to write a file larger than the "
+            f"{limits.max_file_size_mb} MB file-size limit"
+        )
+    return f"the command was killed by {reason.removeprefix('signal:')}"
+
+
+class ShellExec(Tool):
+    name = "shell_exec"
+    description = (
+        "Run a shell command (/bin/sh -c) in the session workspace, which is the working directory "
+        "(/workspace). The command runs in a sandbox: only the workspace is writable, nothing else of "
+        "the host is visible, there is normally no network, and CPU, memory, processes, file size, "
+        "run time and output are limited. Returns the exit code, stdout, stderr and the files changed."
+    )
+    input_schema = {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "minLength": 1, "description": "The shell command to run."},
+            "timeout_seconds": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": MAX_TIMEOUT_SECONDS,
+                "description": "Stop the command after this many seconds (capped by the sandbox policy).",
+            },
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    }
+    risk = Risk.EXTERNAL
+    read_only = False
+    idempotent = False
+
+    def run(self, ctx: ToolContext, args: dict) -> ToolResult:
+        limits: SandboxLimits = getattr(ctx, "sandbox_limits", None) or DEFAULT_LIMITS
+        if "timeout_seconds" in args:
+            limits = dataclasses.replace(
+                limits, wall_seconds=min(int(args["timeout_seconds"]), limits.wall_seconds)
+            )
+        env = getattr(ctx, "env", None) or {}
+        cancel = getattr(ctx, "cancel", None)
+        if not isinstance(cancel, threading.Event):
+            cancel = None
+
+        run = run_sandboxed(args["command"], ctx.workspace, limits, env=env, cancel=cancel)
+        for path, op in run.changed_files:
+            ctx.port.file_changed(path, op)
+
+        killed = _killed_message(run, limits)
+        # A stopped run leads with why: error results are summarised from their first words.
+        lines = [killed] if killed else []
+        lines.append(f"exit code: {run.exit_code} (took {_duration(run.duration_ms)})")
+        if not run.sandboxed:
+            lines.append(
+                "note: ran WITHOUT the namespace sandbox (resource limits only), as the policy allows"
+            )
+        if run.exit_code != 0 and ("MemoryError" in run.stderr or "Cannot allocate memory" in run.stderr):
+            lines.append(f"note: the memory limit is {limits.memory_mb} MB of address space per process")
+
+        out_budget, err_budget = _split_budget(run.stdout, run.stderr)
+        lines.append("stdout:" if run.stdout else "stdout: (empty)")
+        if run.stdout:
+            lines.append(_clip(run.stdout, out_budget).rstrip("\n"))
+        lines.append("stderr:" if run.stderr else "stderr: (empty)")
+        if run.stderr:
+            lines.append(_clip(run.stderr, err_budget).rstrip("\n"))
+
+        if run.changed_files:
+            lines.append(f"changed files ({len(run.changed_files)}):")
+            lines += [f"  {op} {path}" for path, op in run.changed_files[:MAX_LISTED_CHANGES]]
+            if len(run.changed_files) > MAX_LISTED_CHANGES:
+                lines.append(f"  …and {len(run.changed_files) - MAX_LISTED_CHANGES} more")
+        if not run.changed_files_complete:
+            lines.append("note: the workspace is too large to track every changed file")
+
+        if run.timed_out:
+            summary = f"timed out after {limits.wall_seconds} s"
+        elif run.killed_reason:
+            summary = f"killed ({run.killed_reason}) after {_duration(run.duration_ms)}"
+        else:
+            summary = f"exit {run.exit_code} in {_duration(run.duration_ms)}"
+        if run.changed_files:
+            n = len(run.changed_files)
+            summary += f", {n} file{'s' if n != 1 else ''} changed"
+
+        return ToolResult(
+            content="\n".join(lines),
+            summary=summary,
+            is_error=run.killed_reason is not None,
+            data={
+                "exit_code": run.exit_code,
+                "duration_ms": run.duration_ms,
+                "timed_out": run.timed_out,
+                "killed_reason": run.killed_reason,
+                "stdout_truncated": run.stdout_truncated,
+                "stderr_truncated": run.stderr_truncated,
+                "sandboxed": run.sandboxed,
+                "changed_files": [{"path": p, "op": op} for p, op in run.changed_files],
+            },
+        )

@@ -1,0 +1,759 @@
+"""ProcessSandbox: run one shell command against a Session workspace, confined and bounded.
+
+`run_sandboxed` is the whole API (ARCHITECTURE §7). The process chain, when the worker runs as
+root (the deployed case), is
+
+    setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs ... \\
+      prlimit --cpu --as --nproc --fsize --core --nofile \\
+        bwrap --args FD  /bin/sh -c PROLOGUE sh COMMAND
+
+- The uid drop comes first: root ignores RLIMIT_NPROC, so the process limit only binds once the
+  chain runs as the sandbox uid. A worker that is not root runs the chain as itself (no uid
+  switch, no chown); its RLIMIT_NPROC then also counts the worker's own processes and threads.
+- bwrap gets fresh user, mount, pid, ipc, uts, cgroup and (unless the policy allows network)
+  net namespaces; a new session (no TIOCSTI into a terminal); no capabilities; no nested user
+  namespaces; and it dies with its parent (this worker).
+- The mount namespace holds read-only /usr (and the /bin, /lib... symlinks or binds the host
+  has), a minimal read-only /etc (`_etc_args`: ld.so.cache, alternatives, localtime, and a
+  generated passwd/group naming only root and the sandbox user; resolv.conf, hosts,
+  nsswitch.conf, gai.conf, host.conf, ssl and ca-certificates only with network), a private
+  /proc, /dev and /tmp, and the workspace at /workspace (read-write or read-only per policy).
+  The root itself is remounted read-only, so only /workspace and /tmp are writable.
+- The workspace is bound from a directory fd this process opened (`--bind-fd`; bwrap closes it
+  before the command runs). bwrap still resolves that fd to its path as the sandbox uid, so
+  **the workspace's parent directories must be searchable by uid 65534** (o+x, as the default
+  var/workspaces tree is); a workspace under a root-only directory is refused with a clear
+  `sandbox_unavailable` error whatever the fallback (a deployment fix, not a reason to run
+  unconfined).
+- Every bwrap option goes through a memfd (`--args`), so values given in `env` (secrets) never
+  appear on a host command line. The chain's own environment is a fixed minimal one.
+
+**How the workspace is writable by the sandbox uid**: before each run the workspace tree is
+chowned to 65534:65534 (`_snapshot(..., chown_to=...)`), walking by directory fds and never
+following a symlink, so a link the sandbox planted cannot turn the chown onto a host file.
+Chown rather than an ACL: it needs no filesystem ACL support or setfacl, files created 0600 by
+the root-run file tools become readable too, and the worker (root) is unaffected. The same walk
+records (size, mtime_ns) per entry; a second walk after the run yields `changed_files`.
+
+**Was the command sandboxed?** The sandbox's pid 1 is a shell running a one-line prologue that
+prints a random nonce to stdout (stripped from the output) and then runs `sh -c COMMAND`. A run
+whose stdout does not start with the nonce never reached the command (bwrap is missing, or could
+not build its namespaces or mounts), so it is safe to refuse, or, when the policy says
+`rlimits_only`, to run the command without bwrap. The command can never cause that fallback.
+
+**Nothing outlives a run.** That pid-1 shell reaps orphans while the command runs, and bwrap
+(`--as-pid-1`) waits for it; when it dies the kernel kills and reaps the whole pid namespace
+before bwrap can exit. A timeout, cancel or output flood SIGKILLs that pid 1 (its host pid
+comes from `--info-fd`), with the process group SIGKILLed as a backstop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import selectors
+import signal
+import stat
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..base import ToolError
+from .policy import SandboxLimits
+
+logger = logging.getLogger(__name__)
+
+BWRAP = "/usr/bin/bwrap"
+SETPRIV = "/usr/bin/setpriv"
+PRLIMIT = "/usr/bin/prlimit"
+SHELL = "/bin/sh"
+
+SANDBOX_UID = 65534
+SANDBOX_GID = 65534
+SANDBOX_WORKDIR = "/workspace"
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The chain before bwrap sees only this; the sandboxed command gets `_command_env`.
+CHAIN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+# A run that produces more than this many times max_output_bytes (stdout + stderr) is stopped.
+OUTPUT_FLOOD_FACTOR = 50
+MAX_OPEN_FILES = 1024
+# Entries the before/after walks look at; past this, changed_files is incomplete (flagged).
+SNAPSHOT_MAX_ENTRIES = 100_000
+
+POLL_SECONDS = 0.05
+# After killing the sandbox's pid 1, how long bwrap gets to reap the namespace before the
+# whole process group is SIGKILLed.
+KILL_GRACE_SECONDS = 2.0
+# After the main process exits, how long stray holders of the output pipes may keep them open
+# (only possible without bwrap, where a process may leave the process group).
+DRAIN_SECONDS = 1.0
+
+READ_CHUNK = 65_536
+
+TRUNCATION_MARKER = "\n…[{stream} truncated: {dropped:,} bytes omitted here; showing the first {head:,} and last {tail:,} bytes]…\n"
+FLOOD_NOTE = "\n…[{stream}: the command was stopped for producing over {flood:,} bytes of output]"
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Top-level host paths mirrored into the sandbox read-only (as the symlink they are on
+# merged-/usr systems, or as a bind where they are real directories).
+_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+# /etc entries every sandbox gets: the dynamic linker cache, the alternatives symlink farm
+# (awk, editor, ...), and the timezone.
+_ETC_ALWAYS = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
+# Only with network: name resolution and TLS trust.
+_ETC_NETWORK = (
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+)
+
+_KILL_REASONS_BY_SIGNAL = {signal.SIGXCPU: "cpu_limit", signal.SIGXFSZ: "file_size_limit"}
+
+
+@dataclass
+class SandboxRun:
+    exit_code: int  # shell convention: 128+N when the command died of signal N
+    stdout: str
+    stderr: str
+    duration_ms: int
+    timed_out: bool = False
+    # None, or why the run ended early: "timeout", "cancelled", "output_limit" (stopped by the
+    # sandbox), "cpu_limit", "file_size_limit" (a kernel limit's signal), "signal:SIGxxx".
+    killed_reason: str | None = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    changed_files: list[tuple[str, str]] = field(default_factory=list)
+    changed_files_complete: bool = True
+    sandboxed: bool = True
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout_truncated or self.stderr_truncated
+
+
+# --- workspace walk ------------------------------------------------------------------------
+
+
+def _snapshot(root_fd: int, chown_to: tuple[int, int] | None) -> tuple[dict[str, tuple[int, int]], bool]:
+    """Map every non-directory entry under the workspace to (size, mtime_ns).
+
+    Walks by directory fds, opening each subdirectory with O_NOFOLLOW relative to its parent,
+    and never follows a symlink (a symlink is itself an entry). With `chown_to` every entry
+    (and the root) not already owned by that uid:gid is lchowned to it. Returns the map and
+    whether the walk was complete (False past SNAPSHOT_MAX_ENTRIES).
+    """
+    entries: dict[str, tuple[int, int]] = {}
+    seen = 0
+    if chown_to is not None:
+        _chown_fd(root_fd, chown_to)
+    stack: list[tuple[int, str]] = [(os.dup(root_fd), "")]
+    complete = True
+    try:
+        while stack:
+            dir_fd, prefix = stack.pop()
+            try:
+                with os.scandir(dir_fd) as it:
+                    children = list(it)
+            except OSError:
+                children = []
+            try:
+                for child in children:
+                    seen += 1
+                    if seen > SNAPSHOT_MAX_ENTRIES:
+                        complete = False
+                        break
+                    rel = prefix + child.name
+                    try:
+                        st = os.stat(child.name, dir_fd=dir_fd, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if chown_to is not None and (st.st_uid, st.st_gid) != chown_to:
+                        try:
+                            os.chown(child.name, *chown_to, dir_fd=dir_fd, follow_symlinks=False)
+                        except OSError:
+                            pass  # the run then meets a permission error it can report
+                    if stat.S_ISDIR(st.st_mode):
+                        try:
+                            sub = os.open(
+                                child.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd
+                            )
+                        except OSError:
+                            continue
+                        stack.append((sub, rel + "/"))
+                    else:
+                        entries[rel] = (st.st_size, st.st_mtime_ns)
+            finally:
+                os.close(dir_fd)
+            if not complete:
+                break
+    finally:
+        for dir_fd, _ in stack:
+            os.close(dir_fd)
+    return entries, complete
+
+
+def _chown_fd(fd: int, owner: tuple[int, int]) -> None:
+    try:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != owner:
+            os.fchown(fd, *owner)
+    except OSError:
+        pass
+
+
+def _diff(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> list[tuple[str, str]]:
+    changes = []
+    for path in sorted(before.keys() | after.keys()):
+        if path not in after:
+            changes.append((path, "deleted"))
+        elif path not in before:
+            changes.append((path, "created"))
+        elif before[path] != after[path]:
+            changes.append((path, "modified"))
+    return changes
+
+
+# --- building the command line -------------------------------------------------------------
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name)  # close-on-exec here; Popen(pass_fds=) hands it to bwrap only
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _passwd_files(uid: int, gid: int) -> tuple[bytes, bytes]:
+    """A minimal /etc/passwd and /etc/group naming only root and the sandbox user (the
+    host's user list stays outside)."""
+    name = "nobody" if uid == SANDBOX_UID else "sandbox"
+    group = "nogroup" if gid == SANDBOX_GID else "sandbox"
+    passwd = (
+        f"root:x:0:0:root:/root:/usr/sbin/nologin\n{name}:x:{uid}:{gid}:{name}:{SANDBOX_WORKDIR}:/bin/sh\n"
+    )
+    groups = f"root:x:0:\n{group}:x:{gid}:\n"
+    return passwd.encode(), groups.encode()
+
+
+def _system_args() -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _etc_args(network: bool) -> list[str]:
+    args = ["--dir", "/etc"]
+    for path in _ETC_ALWAYS + (_ETC_NETWORK if network else ()):
+        if os.path.islink(path) and os.readlink(path).startswith("/usr/"):
+            args += ["--symlink", os.readlink(path), path]  # e.g. localtime -> /usr/share/zoneinfo/...
+        elif os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _command_env(env: dict[str, str] | None, home: str) -> dict[str, str]:
+    result = {"PATH": SANDBOX_PATH, "HOME": home, "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+    for name, value in (env or {}).items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise ToolError(f"invalid environment variable name {name!r}", code="invalid_env")
+        if not isinstance(value, str) or "\x00" in value:
+            raise ToolError(f"environment variable {name} must be a string without NUL", code="invalid_env")
+        result[name] = value
+    return result
+
+
+def _prlimit_args(limits: SandboxLimits) -> list[str]:
+    mem = limits.memory_mb * 1024 * 1024
+    fsize = limits.max_file_size_mb * 1024 * 1024
+    return [
+        PRLIMIT,
+        # Soft limit first (SIGXCPU, a clear "cpu_limit"), the hard one a second later (SIGKILL).
+        f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
+        f"--as={mem}",
+        f"--nproc={limits.max_processes}",
+        f"--fsize={fsize}",
+        "--core=0",
+        f"--nofile={MAX_OPEN_FILES}",
+    ]
+
+
+def _drop_args() -> list[str]:
+    """The uid drop, when this process may (root); otherwise only no_new_privs."""
+    if os.geteuid() == 0:
+        return [
+            SETPRIV,
+            f"--reuid={SANDBOX_UID}",
+            f"--regid={SANDBOX_GID}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ]
+    if os.access(SETPRIV, os.X_OK):
+        return [SETPRIV, "--no-new-privs"]
+    return []
+
+
+def _unsearchable_parent(path: str) -> str | None:
+    """The first parent of `path` the sandbox uid cannot search (mode bits only), or None."""
+    for parent in Path(path).parents:
+        try:
+            st = os.stat(parent)
+        except OSError:
+            return str(parent)
+        if st.st_uid == SANDBOX_UID:
+            bit = stat.S_IXUSR
+        elif st.st_gid == SANDBOX_GID:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return str(parent)
+    return None
+
+
+def _check_tools() -> None:
+    needed = [PRLIMIT] + ([SETPRIV] if os.geteuid() == 0 else [])
+    missing = [tool for tool in needed if not os.access(tool, os.X_OK)]
+    if missing:
+        # Without these there is no uid drop or no limits at all: never run, whatever the policy.
+        raise ToolError(
+            f"the process sandbox cannot run: {', '.join(missing)} is missing (util-linux)",
+            code="sandbox_unavailable",
+            stage="runtime",
+        )
+
+
+# --- supervising one process ---------------------------------------------------------------
+
+
+class _Capture:
+    """Keeps the first half and the last half of `cap` bytes of a stream, counting the rest.
+
+    With `expect_prefix`, the stream must start with those bytes (the sandbox's nonce); they
+    are stripped, and `prefix_seen` tells whether they came.
+    """
+
+    def __init__(self, cap: int, expect_prefix: bytes = b""):
+        self.head_cap = cap // 2
+        self.tail_cap = cap - self.head_cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+        self.prefix = expect_prefix
+        self.pending = b""
+        self.prefix_seen = False
+
+    def add(self, data: bytes) -> None:
+        if self.prefix:
+            self.pending += data
+            if len(self.pending) < len(self.prefix) and self.prefix.startswith(self.pending):
+                return
+            self.prefix_seen = self.pending.startswith(self.prefix)
+            data = self.pending[len(self.prefix) :] if self.prefix_seen else self.pending
+            self.prefix, self.pending = b"", b""
+        self.total += len(data)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > 2 * self.tail_cap:  # trim now and then, not on every chunk
+                del self.tail[: len(self.tail) - self.tail_cap]
+
+    def finish(self) -> None:
+        if self.prefix:  # the stream ended inside (or without) the expected prefix
+            data, self.prefix, self.pending = self.pending, b"", b""
+            self.add(data)
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.head_cap + self.tail_cap
+
+    def text(self, stream: str, flooded: bool, flood: int) -> str:
+        if len(self.tail) > self.tail_cap:
+            del self.tail[: len(self.tail) - self.tail_cap]
+        head = self.head.decode("utf-8", errors="replace")
+        tail = self.tail.decode("utf-8", errors="replace")
+        if not self.truncated:
+            text = (self.head + self.tail).decode("utf-8", errors="replace")
+        else:
+            dropped = self.total - len(self.head) - len(self.tail)
+            marker = TRUNCATION_MARKER.format(
+                stream=stream, dropped=dropped, head=len(self.head), tail=len(self.tail)
+            )
+            text = head + marker + tail
+        if flooded and self.truncated:
+            text += FLOOD_NOTE.format(stream=stream, flood=flood)
+        return text
+
+
+@dataclass
+class _Outcome:
+    returncode: int
+    stdout: _Capture
+    stderr: _Capture
+    killed_reason: str | None
+    ready: bool
+    duration_ms: int
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child has exited, without reaping it (its pid and process group stay
+    reserved, so signalling the group afterwards cannot hit a recycled pid)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _signal(pid: int, sig: int, *, group: bool) -> None:
+    try:
+        (os.killpg if group else os.kill)(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _supervise(
+    argv: list[str],
+    *,
+    cwd: str | None,
+    pass_fds: tuple[int, ...],
+    close_after_start: list[int],
+    ready_nonce: bytes,
+    info_fd: int | None,
+    limits: SandboxLimits,
+    cancel: threading.Event | None,
+    env: dict[str, str] = CHAIN_ENV,
+) -> _Outcome:
+    started = time.monotonic()
+    deadline = started + limits.wall_seconds
+    flood = limits.max_output_bytes * OUTPUT_FLOOD_FACTOR
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            pass_fds=pass_fds,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        for fd in close_after_start:
+            os.close(fd)
+
+    out = _Capture(limits.max_output_bytes, expect_prefix=ready_nonce)
+    err = _Capture(limits.max_output_bytes)
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, out)
+    sel.register(proc.stderr, selectors.EVENT_READ, err)
+    info = bytearray()
+    if info_fd is not None:
+        sel.register(info_fd, selectors.EVENT_READ, "info")
+
+    child_pid: int | None = None
+    killed_reason: str | None = None
+    kill_at: float | None = None
+    exited_at: float | None = None
+    group_swept = False
+
+    def kill(reason: str) -> None:
+        nonlocal killed_reason, kill_at
+        killed_reason, kill_at = reason, time.monotonic()
+        if child_pid is not None:
+            # The sandbox's pid 1: its death takes the whole pid namespace down, and bwrap
+            # (still alive) reaps it and exits, so nothing is left behind or unreaped.
+            _signal(child_pid, signal.SIGKILL, group=False)
+        elif info_fd is None or info_fd not in sel.get_map():
+            _signal(proc.pid, signal.SIGKILL, group=True)
+        # else: bwrap reports the pid within moments of starting; the info handler below then
+        # kills it, and the KILL_GRACE_SECONDS backstop covers a bwrap that never does.
+
+    try:
+        while True:
+            now = time.monotonic()
+            if exited_at is None and _exited(proc.pid):
+                exited_at = now
+            if exited_at is not None and not group_swept:
+                # Sweep the process group before reaping: without bwrap, background
+                # processes of the command would otherwise outlive it.
+                _signal(proc.pid, signal.SIGKILL, group=True)
+                group_swept = True
+            streams_open = any(key.data in (out, err) for key in sel.get_map().values())
+            if exited_at is not None and (not streams_open or now - exited_at > DRAIN_SECONDS):
+                break
+            if killed_reason is None and exited_at is None:
+                if cancel is not None and cancel.is_set():
+                    kill("cancelled")
+                elif now >= deadline:
+                    kill("timeout")
+                elif out.total + err.total > flood:
+                    kill("output_limit")
+            if kill_at is not None and exited_at is None and now - kill_at > KILL_GRACE_SECONDS:
+                _signal(proc.pid, signal.SIGKILL, group=True)
+                kill_at = now
+
+            for key, _ in sel.select(timeout=POLL_SECONDS):
+                fd = key.fd
+                try:
+                    data = os.read(fd, READ_CHUNK)
+                except OSError:
+                    data = b""
+                if not data:
+                    sel.unregister(fd)
+                    if key.data == "info" and child_pid is None and killed_reason and exited_at is None:
+                        _signal(proc.pid, signal.SIGKILL, group=True)  # no pid will come now
+                    continue
+                if key.data == "info":
+                    info += data
+                    match = re.search(rb'"child-pid"\s*:\s*(\d+)', info)
+                    if match and child_pid is None and exited_at is None:
+                        child_pid = int(match.group(1))
+                        if killed_reason is not None:
+                            kill(killed_reason)  # killed before the pid was known: finish the job
+                else:
+                    key.data.add(data)
+        returncode = proc.wait()
+    finally:
+        sel.close()
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+        if info_fd is not None:
+            os.close(info_fd)
+        if proc.returncode is None:  # an exception on the way: never leave the group running
+            _signal(proc.pid, signal.SIGKILL, group=True)
+            proc.wait()
+
+    out.finish()
+    if returncode < 0:
+        returncode = 128 - returncode
+    return _Outcome(
+        returncode=returncode,
+        stdout=out,
+        stderr=err,
+        killed_reason=killed_reason,
+        ready=out.prefix_seen,
+        duration_ms=int((time.monotonic() - started) * 1000),
+    )
+
+
+def _run_bwrap(command: str, root_fd: int, limits: SandboxLimits, env: dict[str, str], cancel) -> _Outcome:
+    uid, gid = (SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    passwd, group = _passwd_files(uid, gid)
+    fds: list[int] = []
+    try:
+        ws_fd = os.open(".", os.O_PATH | os.O_DIRECTORY, dir_fd=root_fd)
+        fds.append(ws_fd)
+        passwd_fd = _memfd("passwd", passwd)
+        fds.append(passwd_fd)
+        group_fd = _memfd("group", group)
+        fds.append(group_fd)
+        info_r, info_w = os.pipe()
+        fds.append(info_w)
+
+        bind = "--bind-fd" if limits.filesystem == "workspace_write" else "--ro-bind-fd"
+        options = [
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            *(["--share-net"] if limits.network else []),
+            "--unshare-pid",
+            "--as-pid-1",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "sandbox",
+            *_system_args(),
+            *_etc_args(limits.network),
+            "--ro-bind-data",
+            str(passwd_fd),
+            "/etc/passwd",
+            "--ro-bind-data",
+            str(group_fd),
+            "/etc/group",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            bind,
+            str(ws_fd),
+            SANDBOX_WORKDIR,
+            "--chdir",
+            SANDBOX_WORKDIR,
+            "--info-fd",
+            str(info_w),
+            # Everything but /workspace (per policy) and /tmp is read-only, /etc included.
+            "--remount-ro",
+            "/",
+            "--clearenv",
+        ]
+        for name, value in _command_env(env, SANDBOX_WORKDIR).items():
+            options += ["--setenv", name, value]
+        args_fd = _memfd("bwrap-args", b"".join(arg.encode() + b"\0" for arg in options))
+        fds.append(args_fd)
+        # The prologue proves the command was reached (see the module docstring).
+        nonce = secrets.token_hex(16)
+        # The shell that prints it stays as the namespace's pid 1: it reaps orphans while the
+        # command runs, and bwrap waits for it, so when bwrap exits the whole pid namespace is
+        # gone and reaped (bwrap's own init lets bwrap exit first, leaving an unreaped init).
+        # `; exit $?` keeps dash from exec'ing the command in its place.
+        prologue = f'printf %s {nonce} || exit 125; {SHELL} -c "$1"; exit $?'
+        argv = [
+            *_drop_args(),
+            *_prlimit_args(limits),
+            BWRAP,
+            "--args",
+            str(args_fd),
+            SHELL,
+            "-c",
+            prologue,
+            "sh",
+            command,
+        ]
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return _supervise(
+        argv,
+        cwd=None,
+        pass_fds=tuple(fds),
+        close_after_start=fds,
+        ready_nonce=nonce.encode(),
+        info_fd=info_r,
+        limits=limits,
+        cancel=cancel,
+    )
+
+
+def _run_rlimits_only(command: str, workspace: Path, limits: SandboxLimits, env: dict[str, str], cancel):
+    # The environment goes through Popen, not a command line, so env values stay out of `ps`.
+    argv = [*_drop_args(), *_prlimit_args(limits), SHELL, "-c", command]
+    return _supervise(
+        argv,
+        cwd=str(workspace),
+        pass_fds=(),
+        close_after_start=[],
+        ready_nonce=b"",
+        info_fd=None,
+        limits=limits,
+        cancel=cancel,
+        env=_command_env(env, str(workspace)),
+    )
+
+
+def _why_unavailable(outcome: _Outcome) -> str:
+    detail = bytes(outcome.stderr.head).decode("utf-8", errors="replace").strip().splitlines()
+    first = detail[0] if detail else f"exit status {outcome.returncode}"
+    return f"bubblewrap could not start the sandbox: {first[:300]}"
+
+
+def run_sandboxed(
+    command: str,
+    workspace: Path,
+    limits: SandboxLimits,
+    env: dict[str, str] | None = None,
+    cancel: threading.Event | None = None,
+) -> SandboxRun:
+    """Run `sh -c command` with the workspace as its working directory, inside the sandbox
+    `limits` describes, and report what happened. Refusals (sandbox unavailable and the policy
+    refuses, bad env) raise ToolError; everything the command does is a result."""
+    if not isinstance(command, str) or not command.strip():
+        raise ToolError("command must be a non-empty string", code="invalid_command")
+    if "\x00" in command:
+        raise ToolError("command must not contain NUL bytes", code="invalid_command")
+    env = dict(env or {})
+    _command_env(env, SANDBOX_WORKDIR)  # validate before touching anything
+    _check_tools()
+
+    real = os.path.realpath(workspace)
+    if os.geteuid() == 0 and os.path.isdir(real) and (blocked := _unsearchable_parent(real)):
+        logger.error("sandbox uid %s cannot search %s, a parent of workspace %s", SANDBOX_UID, blocked, real)
+        raise ToolError(
+            f"the process sandbox cannot reach this workspace: one of its parent directories is not "
+            f"searchable by the sandbox user (uid {SANDBOX_UID}); the workspaces root and its parents "
+            "must be searchable by others (chmod o+x)",
+            code="sandbox_unavailable",
+            stage="runtime",
+        )
+    try:
+        root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise ToolError("the session workspace does not exist", code="workspace_missing") from exc
+    try:
+        owner = (SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else None
+        before, complete = _snapshot(root_fd, chown_to=owner)
+
+        outcome: _Outcome | None = None
+        why: str | None = None
+        if not os.access(BWRAP, os.X_OK):
+            why = f"bubblewrap is not installed ({BWRAP} is missing)"
+        else:
+            outcome = _run_bwrap(command, root_fd, limits, env, cancel)
+            if not outcome.ready and outcome.killed_reason is None:
+                why = _why_unavailable(outcome)
+
+        sandboxed = True
+        if why is not None:
+            if limits.fallback != "rlimits_only":
+                raise ToolError(
+                    f"the process sandbox is unavailable: {why}. The sandbox policy refuses to run "
+                    "commands without it (fallback 'refuse').",
+                    code="sandbox_unavailable",
+                    stage="runtime",
+                )
+            logger.warning(
+                "process sandbox unavailable (%s); running with rlimits only, as the policy allows", why
+            )
+            outcome = _run_rlimits_only(command, Path(real), limits, env, cancel)
+            sandboxed = False
+
+        after, complete_after = _snapshot(root_fd, chown_to=None)
+    finally:
+        os.close(root_fd)
+
+    assert outcome is not None
+    killed_reason = outcome.killed_reason
+    if killed_reason is None and outcome.returncode > 128:
+        signum = outcome.returncode - 128
+        try:
+            sig = signal.Signals(signum)
+        except ValueError:
+            sig = None
+        if sig is not None:
+            killed_reason = _KILL_REASONS_BY_SIGNAL.get(sig, f"signal:{sig.name}")
+    flooded = outcome.killed_reason == "output_limit"
+    flood = limits.max_output_bytes * OUTPUT_FLOOD_FACTOR
+    return SandboxRun(
+        exit_code=outcome.returncode,
+        stdout=outcome.stdout.text("stdout", flooded, flood),
+        stderr=outcome.stderr.text("stderr", flooded, flood),
+        duration_ms=outcome.duration_ms,
+        timed_out=outcome.killed_reason == "timeout",
+        killed_reason=killed_reason,
+        stdout_truncated=outcome.stdout.truncated,
+        stderr_truncated=outcome.stderr.truncated,
+        changed_files=_diff(before, after),
+        changed_files_complete=complete and complete_after,
+        sandboxed=sandboxed,
+    )
