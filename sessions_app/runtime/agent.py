@@ -19,7 +19,7 @@ from django.conf import settings
 
 from tools_app.base import ToolContext, ToolError
 from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool_names
-from tools_app.secrets import Redactor, tenant_secret_values
+from tools_app.secrets import Redactor, StreamRedactor, tenant_secret_values
 from tools_app.service import ToolService
 
 from ..choices import InputKind, TurnReason
@@ -127,18 +127,22 @@ class InterruptWatcher:
 class DeltaCoalescer:
     """Batches streamed text into one `model.delta` message per ~50 ms."""
 
-    def __init__(self, session_id, model_call_id: int):
+    def __init__(self, session_id, model_call_id: int, redactor: Redactor | None = None):
         self.session_id, self.model_call_id = session_id, model_call_id
         self.buffer: list[str] = []
         self.last_flush = time.monotonic()
+        # Holds back a tail so a secret split across deltas is still caught before it is sent.
+        self.stream_redactor = StreamRedactor(redactor) if redactor else None
 
     def __call__(self, text: str) -> None:
-        self.buffer.append(text)
+        self.buffer.append(self.stream_redactor.feed(text) if self.stream_redactor else text)
         if time.monotonic() - self.last_flush >= DELTA_FLUSH_S:
             self.flush()
 
-    def flush(self) -> None:
-        if self.buffer:
+    def flush(self, final: bool = False) -> None:
+        if final and self.stream_redactor is not None:
+            self.buffer.append(self.stream_redactor.flush())
+        if any(self.buffer):
             broadcast_delta(self.session_id, self.model_call_id, "".join(self.buffer))
             self.buffer.clear()
         self.last_flush = time.monotonic()
@@ -183,7 +187,9 @@ class AgentService:
         tools = self.available_tools(session)
         request = engine.assemble_request(self.session_id, [t.openai_schema() for t in tools.values()])
         call = engine.begin_model_call(self.session_id, self.token, turn_id, request)
-        coalescer = DeltaCoalescer(self.session_id, call.pk)
+        secrets = tenant_secret_values(session.tenant_id)
+        redactor = Redactor(secrets.values())
+        coalescer = DeltaCoalescer(self.session_id, call.pk, redactor)
         started = time.monotonic()
         try:
             with InterruptWatcher(self.session_id, self.cancel, self.heartbeat):
@@ -191,7 +197,7 @@ class AgentService:
                     request.messages, request.tools, purpose="agent", on_delta=coalescer, cancel=self.cancel
                 )
         except Cancelled:
-            coalescer.flush()
+            coalescer.flush(final=True)
             engine.end_model_call(
                 self.session_id,
                 self.token,
@@ -205,7 +211,7 @@ class AgentService:
             )
             return StepResult()  # the runner applies the queued interrupt next
         except ModelCallFailed as exc:
-            coalescer.flush()
+            coalescer.flush(final=True)
             engine.end_model_call(
                 self.session_id,
                 self.token,
@@ -218,7 +224,7 @@ class AgentService:
                 error=str(exc),
             )
             return self._end(turn_id, TurnReason.ERROR, f"model call failed: {exc}")
-        coalescer.flush()
+        coalescer.flush(final=True)
         engine.end_model_call(
             self.session_id,
             self.token,
@@ -230,9 +236,13 @@ class AgentService:
             latency_ms=_ms(started),
         )
 
+        # What the model says is stored and shown redacted (a user may have pasted a secret);
+        # the calls themselves run with the arguments as sent.
+        text = redactor.redact(result.text)
+        stored_calls = [{**c, "arguments": redactor.redact(c["arguments"])} for c in result.tool_calls]
         if result.finish_reason == "length":
             # A truncated response may hold a half-written tool call: nothing from it runs.
-            engine.commit_assistant_message(self.session_id, self.token, turn_id, result.text, [])
+            engine.commit_assistant_message(self.session_id, self.token, turn_id, text, [])
             dropped = (
                 f"; {len(result.tool_calls)} unfinished tool call(s) not executed"
                 if result.tool_calls
@@ -240,14 +250,12 @@ class AgentService:
             )
             return self._end(turn_id, TurnReason.MAX_TOKENS, f"the model hit its output limit{dropped}")
         if not result.tool_calls:
-            engine.commit_assistant_message(self.session_id, self.token, turn_id, result.text, [])
+            engine.commit_assistant_message(self.session_id, self.token, turn_id, text, [])
             return self._end(turn_id, TurnReason.COMPLETED)
 
-        engine.commit_assistant_message(self.session_id, self.token, turn_id, result.text, result.tool_calls)
+        engine.commit_assistant_message(self.session_id, self.token, turn_id, text, stored_calls)
         guard = dict(turn.guard_state)
         progressed = False
-        secrets = tenant_secret_values(session.tenant_id)
-        redactor = Redactor(secrets.values())
         ctx = ToolContext(
             session_id=str(self.session_id),
             tenant_id=session.tenant_id,

@@ -76,3 +76,40 @@ def test_secret_set_reads_stdin_and_never_echoes(tenant_a, monkeypatch, capsys):
     call_command("secret_set", "PIPE_KEY", "--tenant", tenant_a.slug)
     assert "from-stdin-value" not in capsys.readouterr().out
     assert tenant_secret_values(tenant_a.pk)["PIPE_KEY"] == "from-stdin-value"
+
+
+@pytest.mark.django_db
+def test_a_server_that_is_down_shows_its_status_and_error_in_admin(owner_a_admin, tenant_a):
+    from tools_app.mcp.client import MCPError
+    from tools_app.mcp.sync import add_server, refresh_server
+
+    server = add_server(tenant_a, "dead", MCPServer.Transport.STDIO, command="/nonexistent/mcp-server")
+    with pytest.raises(MCPError):
+        refresh_server(server)
+    page = owner_a_admin.get(f"{ADMIN}/mcpserver/").content.decode()
+    assert "Error" in page and "dead" in page
+    server.refresh_from_db()
+    from django.utils.html import escape
+
+    assert escape(server.last_error[:40]) in page
+
+
+@pytest.mark.django_db
+def test_the_admin_action_refreshes_and_reports(owner_a_admin, tenant_a):
+    import sys
+
+    from tools_app.mcp.sync import add_server
+
+    server = add_server(
+        tenant_a,
+        "example",
+        MCPServer.Transport.STDIO,
+        command=sys.executable,
+        args=["-m", "tools_app.mcp.example_server"],
+    )
+    response = owner_a_admin.post(
+        f"{ADMIN}/mcpserver/", {"action": "test_and_refresh", "_selected_action": [server.pk]}, follow=True
+    )
+    page = response.content.decode()
+    assert "xample: connected; 8 tool(s)" in page  # Django capitalizes the first letter of messages
+    assert Tool.objects.filter(tenant=tenant_a, mcp_server=server, name="example__add").exists()

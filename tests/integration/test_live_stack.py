@@ -154,3 +154,92 @@ def test_guidance_sent_mid_call_reaches_the_next_request_not_the_current_one(
     calls = list(ModelCall.objects.filter(session_id=session_id).order_by("id"))
     assert calls[1].last_message_id > calls[0].last_message_id
     assert [e["data"]["reason"] for e in events if e["type"] == "turn.ended"] == ["completed"]
+
+
+def test_a_secret_in_an_mcp_header_and_shell_env_never_surfaces(
+    stack, api_owner_a, tenant_a, model_config_a, model_server, tmp_path
+):
+    """The tools receive the secret; no row, event, evidence, frame, log line or later model request shows it."""
+    import base64
+    import socket
+    import time
+
+    from sessions_app.models import Message, ModelCall
+    from sessions_app.runtime import engine
+    from tools_app.mcp.sync import add_server, refresh_server
+    from tools_app.models import MCPServer
+    from tools_app.secrets import set_secret
+
+    secret = "sk-live-7c1f0e9d2b4a6e8f"
+    set_secret(tenant_a, "API_TOKEN", secret)
+    port = free_port()
+    mcp_log = tmp_path / "mcp.log"
+    example = [sys.executable, "-m", "tools_app.mcp.example_server", "--http", "--port", str(port)]
+    with running(example, database_env_for_workers(), mcp_log) as mcp_proc:
+        for _ in range(200):
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert mcp_proc.poll() is None, mcp_log.read_text()
+            time.sleep(0.05)
+        server = add_server(
+            tenant_a,
+            "example",
+            MCPServer.Transport.STREAMABLE_HTTP,
+            url=f"http://127.0.0.1:{port}/mcp",
+            headers={"Authorization": "Bearer {{secret:API_TOKEN}}"},
+        )
+        refresh_server(server)
+
+        model_server.script(
+            "agent",
+            tool_reply(
+                [
+                    tool_call("example__show_auth", {}, id="mcp"),
+                    tool_call(
+                        "shell_exec",
+                        {
+                            "command": 'echo "$TOKEN"; printf %s "$TOKEN" | base64; '
+                            f'test "$TOKEN" = "{"{{secret:API_TOKEN}}"}" && echo MATCH',
+                            "env": {"TOKEN": "{{secret:API_TOKEN}}"},
+                        },
+                        id="sh",
+                    ),
+                ]
+            ),
+            # A model that somehow repeats the value, streamed in small pieces.
+            text_reply(f"the token is {secret}, done", chunk_size=3, delay_per_chunk_s=0.01),
+        )
+        key = api_owner_a.api_key
+        with _api(stack, key) as api:
+            session_id = api.post("/sessions/", json={"title": "secrets"}).json()["id"]
+            engine.add_selected_capabilities(
+                session_id, None, tools=["example__show_auth", "shell_exec"], added_by="test"
+            )
+            with connect(f"ws://{stack}/ws/sessions/{session_id}/?token={key}") as ws:
+                api.post(f"/sessions/{session_id}/inputs/", json={"text": "check the token"})
+                frames = _frames_until(ws, lambda f: f["type"] == "turn.ended")
+            raw_frames = json.dumps(frames)
+
+    results = {m.tool_call_id: m.content for m in Message.objects.filter(session_id=session_id, role="tool")}
+    assert "Bearer [REDACTED]" in results["mcp"]  # the header carried the value to the server
+    assert "MATCH" in results["sh"] and "[REDACTED]" in results["sh"]  # env carried it to the sandbox
+    encoded = base64.b64encode(secret.encode()).decode()
+    stored = json.dumps(
+        [
+            list(Message.objects.filter(session_id=session_id).values_list("content", "tool_calls")),
+            list(SessionEvent.objects.filter(session_id=session_id).values_list("data", flat=True)),
+            list(ModelCall.objects.filter(session_id=session_id).values_list("attempt_errors", "error")),
+        ],
+        default=str,
+    )
+    requests = json.dumps([r.body for r in model_server.requests_for("agent")])
+    logs = "".join(p.read_text(errors="replace") for p in tmp_path.glob("*.log"))
+    for where, text in {
+        "rows": stored,
+        "frames": raw_frames,
+        "model requests": requests,
+        "logs": logs,
+    }.items():
+        assert secret not in text and encoded not in text, f"secret leaked into {where}"
+    assert "the token is [REDACTED], done" in stored

@@ -26,7 +26,7 @@ from tools_app.secrets import set_secret
 from tools_app.service import ToolService
 
 EXAMPLE = [sys.executable, "-m", "tools_app.mcp.example_server"]
-EXAMPLE_TOOLS = ["add", "echo", "fail", "save_note", "show_auth", "word_count"]
+EXAMPLE_TOOLS = ["add", "echo", "fail", "pause", "pause_and_write", "save_note", "show_auth", "word_count"]
 SECRET = "s3cr3t-value"
 
 
@@ -509,7 +509,7 @@ def test_mcp_server_add_and_refresh_over_http_print_the_tools(tenant_a, example_
 
     assert sorted(added.split()) == expected
     assert sorted(refreshed.split()) == expected
-    assert "6 tools from remote: 0 added, 0 updated, 0 no longer listed" in summary
+    assert f"{len(EXAMPLE_TOOLS)} tools from remote: 0 added, 0 updated, 0 no longer listed" in summary
     server = MCPServer.objects.for_tenant(tenant_a).get(name="remote")
     assert server.headers == {"Authorization": "Bearer {{secret:TOKEN}}"}
 
@@ -558,7 +558,7 @@ def test_mcp_server_add_refuses_bad_input(tenant_a, args, message):
 def test_mcp_probe_exercises_every_tool(example_url):
     out, _ = run_command("mcp_probe", "--header", "Authorization=Bearer probe-token", example_url)
 
-    assert f"6 tools at {example_url}" in out
+    assert f"{len(EXAMPLE_TOOLS)} tools at {example_url}" in out
     assert 'add({"a": 1, "b": 1})\n  result: 2' in out
     assert "fail(" in out and "error result: " in out  # a tool-level error is still a working exchange
     assert "show_auth({})\n  result: Bearer probe-token" in out

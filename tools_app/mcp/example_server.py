@@ -11,9 +11,12 @@ only inside a temporary directory of its own; `show_auth` echoes the credential 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -90,6 +93,28 @@ def show_auth(ctx: Context) -> str:
     if headers is not None:
         return headers.get("authorization", "")
     return os.environ.get("EXAMPLE_TOKEN", "")
+
+
+@server.tool(
+    description="Wait `seconds` (max 5), then report when the wait started and ended. Read-only.",
+    annotations=READ_ONLY,
+    structured_output=False,
+)
+async def pause(label: str, seconds: float = 0.3) -> str:
+    started = time.time()
+    await asyncio.sleep(max(0.0, min(seconds, 5.0)))
+    return json.dumps({"label": label, "started": started, "ended": time.time()})
+
+
+@server.tool(
+    description="Like pause, but declared as changing state (not read-only): it must never overlap other calls.",
+    annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False),
+    structured_output=False,
+)
+async def pause_and_write(label: str, seconds: float = 0.3) -> str:
+    started = time.time()
+    await asyncio.sleep(max(0.0, min(seconds, 5.0)))
+    return json.dumps({"label": label, "started": started, "ended": time.time()})
 
 
 def main(argv: list[str] | None = None) -> None:

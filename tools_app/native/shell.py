@@ -88,6 +88,12 @@ class ShellExec(Tool):
                 "maximum": MAX_TIMEOUT_SECONDS,
                 "description": "Stop the command after this many seconds (capped by the sandbox policy).",
             },
+            "env": {
+                "type": "object",
+                "description": "Extra environment variables; values may reference tenant secrets as {{secret:NAME}}.",
+                "additionalProperties": {"type": "string"},
+                "maxProperties": 32,
+            },
         },
         "required": ["command"],
         "additionalProperties": False,
@@ -102,7 +108,7 @@ class ShellExec(Tool):
             limits = dataclasses.replace(
                 limits, wall_seconds=min(int(args["timeout_seconds"]), limits.wall_seconds)
             )
-        env = getattr(ctx, "env", None) or {}
+        env = {**(getattr(ctx, "env", None) or {}), **args.get("env", {})}
         cancel = getattr(ctx, "cancel", None)
         if not isinstance(cancel, threading.Event):
             cancel = None
