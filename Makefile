@@ -42,4 +42,4 @@ beat: install
 	$(VENV)/bin/celery -A config beat --loglevel INFO
 
 bench: install
-	$(PY) -m pytest tests/bench/bench_runtime.py -q -s -p no:cacheprovider
+	$(PY) -m pytest tests/bench/bench_runtime.py tests/bench/bench_tools.py -q -s -p no:cacheprovider
