@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from pathlib import Path
 
 import environ
@@ -156,6 +157,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
             "timeout": 30,
         }
     )
+    # Tests use a file too (not shared-cache memory), so threads see SQLite's real locking:
+    # writers wait on the busy timeout instead of failing with "table is locked".
+    DATABASES["default"].setdefault("TEST", {"NAME": str(VAR_DIR / f"test_db_{os.getpid()}.sqlite3")})
     _db_name = str(DATABASES["default"]["NAME"])
     if _db_name and _db_name != ":memory:":
         Path(_db_name).parent.mkdir(parents=True, exist_ok=True)
@@ -208,6 +212,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
 CELERY_BEAT_SCHEDULE = {
     # Wake Sessions whose runner vanished (worker killed, task lost): ARCHITECTURE §6.
     "recover-stale-sessions": {"task": "sessions.recover", "schedule": 60.0},
+    "expire-approvals": {"task": "sessions.expire_approvals", "schedule": 60.0},
 }
 XAGENT_EMBEDDED_WORKER_THREADS = _positive_int("XAGENT_EMBEDDED_WORKER_THREADS", 4)
 

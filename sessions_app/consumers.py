@@ -92,7 +92,13 @@ class SessionConsumer(TenantScopedConsumer):
                 {"seq": None, "type": "ack", "data": {"input_id": created.pk, "status": "queued"}}
             )
         elif kind == "decide":
-            await self._reply_error("not_available", "Approvals are not available yet on this server.")
+            code, message, approval_id = await self._decide(content)
+            if code:
+                await self._reply_error(code, message)
+            else:
+                await self.send_json(
+                    {"seq": None, "type": "ack", "data": {"approval_id": approval_id, "status": message}}
+                )
         else:
             await self._reply_error("unknown_frame", "Frames are {type: input|interrupt|decide}.")
 
@@ -105,6 +111,37 @@ class SessionConsumer(TenantScopedConsumer):
         from urllib.parse import parse_qs
 
         return parse_qs(self.scope.get("query_string", b"").decode("latin1")).get(name, [None])[0]
+
+    @database_sync_to_async
+    def _decide(self, content) -> tuple[str, str, int | None]:
+        """The same owner operation as POST /approvals/{id}/decide/. Returns (error code, message, id)."""
+        from approvals_app.actions import AlreadyDecided
+        from approvals_app.models import PendingApproval
+
+        from .runtime import approvals
+
+        decision, approval_id = content.get("decision"), content.get("approval_id")
+        if decision not in ("approve", "reject") or not isinstance(approval_id, int):
+            return (
+                "invalid_decision",
+                "A decide frame needs an integer approval_id and decision approve/reject.",
+                None,
+            )
+        approval = (
+            PendingApproval.objects.for_tenant(self.tenant)
+            .filter(pk=approval_id, session_id=self.session.pk)
+            .first()
+        )
+        if approval is None:
+            return "not_found", "No such approval in this session.", None
+        if not approvals.may_decide(approval, self.scope["user"]):
+            return "permission_denied", "You may not decide this approval.", None
+        comment = content.get("comment") if isinstance(content.get("comment"), str) else ""
+        try:
+            approval = approvals.submit_decision(approval, decision, user=self.scope["user"], comment=comment)
+        except AlreadyDecided as exc:
+            return "already_decided", f"This approval was already {exc.approval.status}.", None
+        return "", approval.status, approval.pk
 
     @database_sync_to_async
     def _load_session(self, session_id):

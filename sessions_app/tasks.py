@@ -17,3 +17,11 @@ def recover() -> int:
     from .runtime.brain import recover_stale_sessions
 
     return recover_stale_sessions()
+
+
+@shared_task(name="sessions.expire_approvals", ignore_result=True)
+def expire_approvals() -> int:
+    """Periodic (beat): pending approvals past their expiry become `expired` (a rejection for the model)."""
+    from .runtime.approvals import expire_due
+
+    return expire_due()

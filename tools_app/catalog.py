@@ -54,6 +54,7 @@ def _implementation(row: Tool) -> ToolImpl | None:
 
         impl = MCPTool.from_row(row)
     impl.enabled = row.enabled
+    impl.toolsets = tuple(sorted(t.name for t in row.toolsets.all()))  # for approval rules by tool set
     impl.unavailable_reason = (
         (row.readiness_reason or "not ready") if row.readiness != Readiness.READY else ""
     )
@@ -70,6 +71,7 @@ def resolve_available(tenant_id: int, tool_names, toolset_names) -> dict[str, To
             | Q(toolsets__name__in=list(toolset_names), toolsets__tenant_id__in=[tenant_id, None])
         )
         .select_related("mcp_server")
+        .prefetch_related("toolsets")
         .distinct()
     )
     available: dict[str, ToolImpl] = {name: NATIVE_TOOLS[name] for name in default_tool_names()}

@@ -168,3 +168,29 @@ class ModelCallSerializer(serializers.ModelSerializer):
             "started_at",
             "ended_at",
         ]
+
+
+class ApprovalSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    session = serializers.UUIDField(source="session_id")
+    status = serializers.CharField()
+    tool = serializers.CharField()
+    call_id = serializers.CharField()
+    arguments = serializers.JSONField(source="arguments_redacted")
+    risk = serializers.CharField()
+    reason = serializers.CharField()
+    rule = serializers.JSONField()
+    requested_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField(allow_null=True)
+    decided_at = serializers.DateTimeField(allow_null=True)
+    decided_by = serializers.SerializerMethodField()
+    comment = serializers.CharField()
+    executed_at = serializers.DateTimeField(allow_null=True)
+
+    def get_decided_by(self, obj) -> str | None:
+        return obj.decided_by.get_username() if obj.decided_by_id else None
+
+
+class DecisionSerializer(serializers.Serializer):
+    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    comment = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")

@@ -9,14 +9,21 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
+from approvals_app.actions import AlreadyDecided
+from approvals_app.choices import ApprovalStatus
+from approvals_app.models import PendingApproval
+from config.api import Conflict
 from tenancy_app.api.viewsets import TenantScopedViewSet
 
 from ..choices import SessionStatus
 from ..models import ModelCall, Plan, Session, SessionEvent
-from ..runtime import brain, engine
+from ..runtime import approvals, brain, engine
 from .serializers import (
+    ApprovalSerializer,
+    DecisionSerializer,
     EventSerializer,
     InputCreateSerializer,
     InputSerializer,
@@ -65,6 +72,8 @@ class SessionViewSet(
 
     def get_queryset(self):
         queryset = super().get_queryset()
+        if self.action != "list":
+            return queryset  # ?status= on sub-resources (approvals) means their own status
         wanted = self.request.query_params.get("status")
         if wanted:
             if wanted not in SessionStatus.values:
@@ -180,9 +189,64 @@ class SessionViewSet(
         )
         return Response(ModelCallSerializer(rows, many=True).data)
 
+    @extend_schema(parameters=[OpenApiParameter("status", str)], responses=ApprovalSerializer(many=True))
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def approvals(self, request, pk=None):
+        session = self.get_object()
+        rows = _approval_status_filter(
+            request,
+            PendingApproval.objects.for_tenant(request.tenant)
+            .filter(session_id=session.pk)
+            .select_related("decided_by"),
+        )
+        return Response(ApprovalSerializer(rows, many=True).data)
+
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     @action(detail=True, methods=["get"], pagination_class=None)
     def plan(self, request, pk=None):
         session = self.get_object()
         plan = Plan.objects.filter(session=session).first()
         return Response({"plan": plan.as_dict() if plan else None})
+
+
+def _approval_status_filter(request, queryset):
+    wanted = request.query_params.get("status")
+    if wanted:
+        if wanted not in ApprovalStatus.values:
+            raise serializers.ValidationError({"status": f"Use one of {', '.join(ApprovalStatus.values)}."})
+        queryset = queryset.filter(status=wanted)
+    return queryset
+
+
+class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """Pending and past approvals of the tenant. Deciding goes through the runtime's one
+    operation (`approvals.submit_decision`), shared with the WebSocket `decide` frame."""
+
+    queryset = PendingApproval.objects.select_related("decided_by")
+    serializer_class = ApprovalSerializer
+    pagination_class = None
+
+    @extend_schema(parameters=[OpenApiParameter("status", str, enum=ApprovalStatus.values)])
+    def list(self, request, *args, **kwargs):
+        rows = _approval_status_filter(request, self.get_queryset())[:500]
+        visible = [a for a in rows if approvals.may_see(a, request.user)]
+        return Response(ApprovalSerializer(visible, many=True).data)
+
+    @extend_schema(request=DecisionSerializer, responses=ApprovalSerializer)
+    @action(detail=True, methods=["post"])
+    def decide(self, request, pk=None):
+        approval = self.get_object()
+        body = DecisionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        if not approvals.may_decide(approval, request.user):
+            raise PermissionDenied("You may not decide this approval.")
+        try:
+            approval = approvals.submit_decision(
+                approval,
+                body.validated_data["decision"],
+                user=request.user,
+                comment=body.validated_data["comment"],
+            )
+        except AlreadyDecided as exc:
+            raise Conflict("already_decided", f"This approval was already {exc.approval.status}.") from None
+        return Response(ApprovalSerializer(approval).data)

@@ -20,10 +20,10 @@ from django.conf import settings
 from tools_app.base import ToolContext, ToolError
 from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool_names
 from tools_app.secrets import Redactor, StreamRedactor, tenant_secret_values
-from tools_app.service import ToolService
+from tools_app.service import ApprovalRequired, ToolService
 
 from ..choices import InputKind, TurnReason
-from ..models import Session, Turn
+from ..models import Message, Session, Turn
 from . import engine
 from .events import broadcast_delta
 from .llm.base import Cancelled, CancelSignal, ModelCallFailed
@@ -151,6 +151,7 @@ class DeltaCoalescer:
 @dataclass
 class StepResult:
     ended: str | None = None  # a TurnReason when the turn ended in this step
+    suspended: bool = False  # parked on a pending approval
     detail: str = ""
 
 
@@ -168,7 +169,9 @@ class AgentService:
         self.token = token
         self.cancel = cancel or CancelSignal()
         self.heartbeat = heartbeat
-        self.tool_service = ToolService()
+        from . import approvals
+
+        self.tool_service = ToolService(approval_hook=approvals.approval_hook)
 
     def available_tools(self, session: Session) -> dict:
         """The native defaults plus what the Session's capabilities name, as this tenant allows."""
@@ -253,17 +256,7 @@ class AgentService:
             engine.commit_assistant_message(self.session_id, self.token, turn_id, text, [])
             return self._end(turn_id, TurnReason.COMPLETED)
 
-        engine.commit_assistant_message(self.session_id, self.token, turn_id, text, stored_calls)
-        guard = dict(turn.guard_state)
-        progressed = False
-        ctx = ToolContext(
-            session_id=str(self.session_id),
-            tenant_id=session.tenant_id,
-            workspace=engine.workspace_path(session),
-            port=RuntimeSessionPort(self.session_id, self.token),
-            secrets=secrets,
-            sandbox_limits=sandbox_limits_for(session.tenant_id) if "shell_exec" in tools else None,
-        )
+        assistant = engine.commit_assistant_message(self.session_id, self.token, turn_id, text, stored_calls)
         for call_spec in result.tool_calls:
             engine.announce_tool_started(
                 self.session_id,
@@ -272,12 +265,105 @@ class AgentService:
                 call_spec["name"],
                 redactor.redact_data(_display_arguments(call_spec["arguments"])),
             )
+        return self._run_calls(session, turn, assistant.pk, result.tool_calls, tools, secrets, redactor)
+
+    def resume(self, turn_id: int, approval) -> StepResult:
+        """Continue a turn parked on `approval` once it is decided: run the original call exactly once
+        (approved) or commit the rejection as its result, then the calls that waited behind it."""
+        from approvals_app import actions as approval_actions
+        from approvals_app.choices import ApprovalStatus
+
+        from . import approvals
+
+        session = Session.objects.get(pk=self.session_id)
+        turn = Turn.objects.get(pk=turn_id)
+        tools = self.available_tools(session)
+        secrets = tenant_secret_values(session.tenant_id)
+        redactor = Redactor(secrets.values())
+        spec = approvals._call_spec(approval, approval.call_id)
+        if approval.status == ApprovalStatus.APPROVED:
+            if approval_actions.claim_execution(approval):
+                ctx = self._context(session, tools, secrets)
+                outcome = self.tool_service.execute(
+                    approval.call_id, spec["name"], json.dumps(approval.arguments), ctx, tools, approved=True
+                )
+                self._commit_outcome(turn_id, spec, outcome, redactor)
+                approval_actions.record_execution(approval, redactor.redact(outcome.summary))
+            elif not Message.objects.filter(
+                session=session, role="tool", tool_call_id=approval.call_id
+            ).exists():
+                # Claimed by a runner that died before committing: never blindly re-run (§6).
+                engine.commit_tool_result(
+                    self.session_id,
+                    self.token,
+                    turn_id,
+                    call_id=approval.call_id,
+                    tool=spec["name"],
+                    content="Interrupted: the approved call was started but its result was not recorded; "
+                    "it was not run again.",
+                    ok=False,
+                    summary="interrupted",
+                )
+        else:
+            engine.commit_tool_result(
+                self.session_id,
+                self.token,
+                turn_id,
+                call_id=approval.call_id,
+                tool=spec["name"],
+                content=approvals.rejection_text(approval),
+                ok=False,
+                summary=f"{approval.status} by a person",
+            )
+            approvals.mark_handled(approval)
+        remaining = [approvals._call_spec(approval, call_id) for call_id in approval.remaining_call_ids]
+        if remaining:
+            return self._run_calls(
+                session, turn, approval.assistant_message_id, remaining, tools, secrets, redactor
+            )
+        return StepResult()
+
+    def _context(self, session, tools, secrets) -> ToolContext:
+        return ToolContext(
+            session_id=str(self.session_id),
+            tenant_id=session.tenant_id,
+            workspace=engine.workspace_path(session),
+            port=RuntimeSessionPort(self.session_id, self.token),
+            secrets=secrets,
+            sandbox_limits=sandbox_limits_for(session.tenant_id) if "shell_exec" in tools else None,
+        )
+
+    def _commit_outcome(self, turn_id, call_spec, outcome, redactor) -> None:
+        # Redaction is the last stage before anything is committed, shown or sent to the model.
+        engine.commit_tool_result(
+            self.session_id,
+            self.token,
+            turn_id,
+            call_id=call_spec["id"],
+            tool=call_spec["name"],
+            content=redactor.redact(outcome.content),
+            ok=outcome.ok,
+            summary=redactor.redact(outcome.summary),
+            source=_source(outcome),
+        )
+
+    def _run_calls(
+        self, session, turn, assistant_message_id, call_specs, tools, secrets, redactor
+    ) -> StepResult:
+        """Run calls of one response in model order; a call needing approval parks the turn."""
+        from . import approvals
+
+        repeats_limit, idle_limit, _ = loop_guard_limits()
+        turn_id = turn.pk
+        guard = dict(turn.guard_state)
+        progressed = False
+        ctx = self._context(session, tools, secrets)
         self.tool_service.known_tools = tenant_tool_names(session.tenant_id)
         # Consecutive read-only calls run in parallel; results still commit in model order.
         outcomes = self.tool_service.execute_batch(
-            [(c["id"], c["name"], c["arguments"]) for c in result.tool_calls], ctx, tools
+            [(c["id"], c["name"], c["arguments"]) for c in call_specs], ctx, tools
         )
-        for call_spec in result.tool_calls:
+        for index, call_spec in enumerate(call_specs):
             if self.cancel.is_set() or engine.queued_inputs(self.session_id, [InputKind.INTERRUPT]).exists():
                 outcomes.close()  # calls not yet started never start
                 # Every tool call in history keeps a result, so the next request stays valid.
@@ -292,19 +378,22 @@ class AgentService:
                     summary="cancelled by interrupt",
                 )
                 continue
-            outcome = next(outcomes)
-            # Redaction is the last stage before anything is committed, shown or sent to the model.
-            engine.commit_tool_result(
-                self.session_id,
-                self.token,
-                turn_id,
-                call_id=call_spec["id"],
-                tool=call_spec["name"],
-                content=redactor.redact(outcome.content),
-                ok=outcome.ok,
-                summary=redactor.redact(outcome.summary),
-                source=_source(outcome),
-            )
+            try:
+                outcome = next(outcomes)
+            except ApprovalRequired as required:
+                approvals.suspend(
+                    self.session_id,
+                    self.token,
+                    turn_id=turn_id,
+                    assistant_message_id=assistant_message_id,
+                    tool=required.tool,
+                    call_id=call_spec["id"],
+                    arguments=required.arguments,
+                    remaining_call_ids=[c["id"] for c in call_specs[index + 1 :]],
+                    redactor=redactor,
+                )
+                return StepResult(suspended=True)
+            self._commit_outcome(turn_id, call_spec, outcome, redactor)
             if outcome.ok:
                 progressed = True
                 guard["repeats"] = 0

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from ..choices import InputKind, SessionStatus, TurnReason
 from ..models import RunnerSlice, Session
-from . import engine
+from . import approvals, engine
 from .agent import AgentService
 from .llm.base import CancelSignal
 
@@ -169,12 +169,20 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
 
 def _advance(session_id, token) -> tuple[int, int]:
     """Do the next unit of work. Returns (model steps taken, inputs consumed)."""
-    if engine.consume_interrupts(session_id, token):
+    if engine.consume_interrupts(session_id, token, on_parked=approvals.cancel_waiting):
         return 0, 1
     session = Session.objects.only("current_turn_id", "status").get(pk=session_id)
     if session.current_turn_id is not None:
+        if session.status == SessionStatus.WAITING_APPROVAL:
+            approval, consumed = approvals.take_decision(session_id, token)
+            if approval is None:
+                return 0, consumed
+            AgentService(
+                session_id, token, CancelSignal(), heartbeat=lambda: heartbeat(session_id, token)
+            ).resume(session.current_turn_id, approval)
+            return 1, consumed
         if session.status not in (SessionStatus.RUNNING, SessionStatus.PREPARING):
-            return 0, 0  # parked (waiting for a human): new messages wait until the turn ends
+            return 0, 0  # parked: new messages wait until the turn ends
         consumed = len(engine.consume_guidance(session_id, token, session.current_turn_id))
         AgentService(session_id, token, CancelSignal(), heartbeat=lambda: heartbeat(session_id, token)).step(
             session.current_turn_id

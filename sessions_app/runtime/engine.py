@@ -84,7 +84,12 @@ def create_session(
             model_config=model_config,
         )
         emit(session, "session.status", {"status": session.status})
+        from approvals_app.policy import ensure_default_policy
         from tools_app.models import ToolSet
+
+        # A tenant's first Session seeds the default policy (destructive/external need approval),
+        # so no tenant ever runs without one; admins edit it from there.
+        ensure_default_policy(tenant)
 
         defaults = list(
             ToolSet.objects.for_tenant(tenant).filter(is_default=True).values_list("name", flat=True)
@@ -197,7 +202,7 @@ def has_pending_work(session: Session) -> bool:
     if session.current_turn_id is not None:
         if session.status in (SessionStatus.RUNNING, SessionStatus.PREPARING):
             return True
-        return queued_inputs(session.pk, [InputKind.INTERRUPT]).exists()
+        return queued_inputs(session.pk, [InputKind.INTERRUPT, InputKind.APPROVAL_DECISION]).exists()
     return queued_inputs(session.pk, [InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.INTERRUPT]).exists()
 
 
@@ -284,14 +289,19 @@ def finish_turn(session_id, token, turn_id: int, reason: str, detail: str = "") 
         end_turn(session, Turn.objects.get(pk=turn_id), reason, detail)
 
 
-def consume_interrupts(session_id, token) -> bool:
-    """Apply queued interrupts: the open turn ends `aborted`, status `interrupted`. True if any."""
+def consume_interrupts(session_id, token, on_parked=None) -> bool:
+    """Apply queued interrupts: the open turn ends `aborted`, status `interrupted`. True if any.
+
+    `on_parked(session)` closes what a parked turn waits on (a pending approval) first.
+    """
     with locked_session(session_id, token) as session:
         interrupts = list(queued_inputs(session.pk, [InputKind.INTERRUPT]))
         if not interrupts:
             return False
         turn = session.current_turn
         _consume(interrupts, turn)
+        if turn is not None and session.status == SessionStatus.WAITING_APPROVAL and on_parked is not None:
+            on_parked(session)
         if turn is not None and turn.ended_at is None:
             end_turn(session, turn, TurnReason.ABORTED, "interrupted by the user")
         return True

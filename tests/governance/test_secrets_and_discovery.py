@@ -96,6 +96,15 @@ def test_tools_are_found_then_selected_before_they_can_be_called(session, tenant
     )
     send(session, "delete old.txt")
     drive_until_idle(session)
+    # Selected, the destructive delete is now callable, and the default policy asks a person first.
+    assert session.status == "waiting_approval"
+    from approvals_app.models import PendingApproval
+    from sessions_app.runtime import approvals
+
+    approvals.submit_decision(
+        PendingApproval.objects.get(session_id=session.pk), "approve", user=session.owner
+    )
+    drive_until_idle(session)
 
     results = {m.tool_call_id: m for m in Message.objects.filter(session=session, role="tool")}
     assert results["early"].is_error and "not available in this session" in results["early"].content

@@ -99,3 +99,40 @@ def wait_for_http(url: str, proc: subprocess.Popen, log_path: Path, deadline_s: 
             last_error = repr(exc)
         time.sleep(0.2)
     raise AssertionError(f"{url} never answered 200 ({last_error}):\n{log_path.read_text(errors='replace')}")
+
+
+@contextmanager
+def web_and_worker(log_dir: Path, tag: str = "") -> Iterator[str]:
+    """daphne (runstack, web only with REDIS_URL) + one Celery worker on the test database.
+
+    Yields "127.0.0.1:<port>"; both processes are stopped when the block ends.
+    """
+    import uuid
+
+    env = database_env_for_workers()
+    port = free_port()
+    web_log, worker_log = log_dir / f"web{tag}.log", log_dir / f"worker{tag}.log"
+    worker_cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "config",
+        "worker",
+        "--pool",
+        "threads",
+        "--concurrency",
+        "4",
+        "--loglevel",
+        "INFO",
+        "--hostname",
+        f"w{tag}-{uuid.uuid4().hex[:8]}@%h",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+    with (
+        running([sys.executable, "manage.py", "runstack", "--port", str(port)], env, web_log) as web,
+        running(worker_cmd, env, worker_log),
+    ):
+        wait_for_http(f"http://127.0.0.1:{port}/healthz", web, web_log)
+        yield f"127.0.0.1:{port}"

@@ -51,12 +51,27 @@ def test_runstack_serves_web_and_runs_tasks_in_process(tmp_path):
 
 
 def _wait_for_demo_turn(browser, timeout=90) -> dict:
-    """The seeded demo Session runs on the in-process worker with the scripted demo model."""
+    """The seeded demo Session runs on the in-process worker with the scripted demo model; it
+    parks on the approval of its destructive clean-up, which the demo user approves here."""
     deadline = time.monotonic() + timeout
+    approved = False
     while time.monotonic() < deadline:
         sessions = browser.get("/api/v1/sessions/").json()["results"]
         demo = next(s for s in sessions if s["title"].endswith("(demo)"))
         events = browser.get(f"/api/v1/sessions/{demo['id']}/events/?wait=2").json()["events"]
+        requested = [e for e in events if e["type"] == "approval.requested"]
+        if requested and not approved:
+            assert (
+                requested[0]["data"]["tool"] == "fs_delete_files"
+                and requested[0]["data"]["risk"] == "destructive"
+            )
+            decided = browser.post(
+                f"/api/v1/approvals/{requested[0]['data']['approval_id']}/decide/",
+                json={"decision": "approve"},
+                headers={"X-CSRFToken": browser.cookies["csrftoken"], "Referer": str(browser.base_url)},
+            )
+            assert decided.status_code == 200, decided.text
+            approved = True
         if any(e["type"] == "turn.ended" for e in events):
             ended = next(e for e in events if e["type"] == "turn.ended")
             assert ended["data"]["reason"] == "completed", events[-5:]
@@ -88,6 +103,7 @@ def _assert_demo_report(workspaces, demo):
     html = (workspace / "report.html").read_text()
     for value in expected.values():
         assert f"<td>{value}</td>" in html
+    assert not (workspace / "draft_to_delete.md").exists()  # deleted once approved
 
 
 @pytest.mark.services

@@ -9,13 +9,16 @@ from sessions_app.models import Session
 from sessions_app.runtime import brain, engine
 from tenancy_app.actions import do_create_tenant, do_create_user
 from tenancy_app.choices import Role
+from tools_app.models import Tool, ToolSet
 
 DEMO_DATA = Path(__file__).resolve().parents[2] / "demo_data"
 DEMO_SESSION_TITLE = "Support weekly report (demo)"
 DEMO_TASK = (
     "tickets.csv holds last week's support tickets. Build an HTML weekly KPI report (report.html) and a "
-    "kpis.csv with the same figures, validate both, and tell me the headline numbers."
+    "kpis.csv with the same figures, validate both, and tell me the headline numbers. "
+    "Then delete the scratch file draft_to_delete.md."
 )
+CLEANUP_TOOLSET = "workspace-cleanup"
 
 DEMO_TENANT = "demo"
 DEMO_USER = "demo"
@@ -56,8 +59,16 @@ class Command(BaseCommand):
         existing = Session.objects.for_tenant(tenant).filter(title=DEMO_SESSION_TITLE).first()
         if existing is not None:
             return existing
+        # Deleting files is destructive: the default policy makes the demo wait for a person's approval.
+        cleanup, _ = ToolSet.objects.get_or_create(
+            tenant=tenant,
+            name=CLEANUP_TOOLSET,
+            defaults={"description": "Delete files from the workspace (needs approval)", "is_default": True},
+        )
+        cleanup.tools.add(Tool.objects.get(tenant=None, name="fs_delete_files"))
         session = engine.create_session(tenant=tenant, owner=user, title=DEMO_SESSION_TITLE)
         shutil.copy(DEMO_DATA / "tickets.csv", engine.workspace_path(session) / "tickets.csv")
+        shutil.copy(DEMO_DATA / "draft_to_delete.md", engine.workspace_path(session) / "draft_to_delete.md")
         # Committed now; a worker picks it up when the stack starts (brain recovery on worker start).
         brain.submit_input(session, kind="message", text=DEMO_TASK, attachments=["tickets.csv"], user=user)
         return session

@@ -22,6 +22,12 @@ from .config import EffectiveModel
 
 REPORT_TRIGGER = re.compile(r"\b(report|kpi|tickets?)\b", re.IGNORECASE)
 STREAM_CHUNK_DELAY_S = 0.02
+CLEANUP_FILE = "draft_to_delete.md"
+REPORT_READY = (
+    "The weekly support report is ready: **report.html** (headline KPIs, tickets by channel and by category) "
+    "and **kpis.csv** (the same figures, one metric per row). Both files were reopened and validated."
+)
+DEMO_SIGNATURE = " (Produced by the scripted demo model.)"
 PLAN_TASKS = [
     "Read tickets.csv",
     "Compute the weekly KPIs and write report.html and kpis.csv",
@@ -173,13 +179,23 @@ class DemoModelProvider:
                 on_delta,
                 cancel,
             )
-        return self._say(
-            "The weekly support report is ready: **report.html** (headline KPIs, tickets by channel and by "
-            "category) and **kpis.csv** (the same figures, one metric per row). Both files were reopened and "
-            "validated. (Produced by the scripted demo model.)",
-            on_delta,
-            cancel,
-        )
+        wants_cleanup = CLEANUP_FILE in (messages[task_start].get("content") or "")
+        if stage == 5 and wants_cleanup:
+            return self._tools(
+                [_call(9, "fs_delete_files", {"paths": [CLEANUP_FILE]})],
+                f"Removing the scratch file {CLEANUP_FILE} as asked.",
+                on_delta,
+                cancel,
+            )
+        if wants_cleanup:
+            outcome = tool_results[-1]["content"] if tool_results else ""
+            cleanup = (
+                f" I deleted {CLEANUP_FILE}."
+                if outcome.startswith("deleted")
+                else f" I did not delete {CLEANUP_FILE}: {outcome[:200]}"
+            )
+            return self._say(REPORT_READY + cleanup + DEMO_SIGNATURE, on_delta, cancel)
+        return self._say(REPORT_READY + DEMO_SIGNATURE, on_delta, cancel)
 
     @staticmethod
     def _task_start(messages) -> int | None:

@@ -1,0 +1,267 @@
+"""Django admin for approvals: tenant admins manage their policies (rules inline), try a call
+against them ("Test a call"), and read — never edit — pending approvals.
+
+Deciding an approval wakes its Session, so it is served by sessions_app's edge, not here
+(ARCHITECTURE §10).
+"""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.template import engines
+from django.template.response import TemplateResponse
+from django.urls import path
+
+from tenancy_app.access import admin_tenant_ids
+from tenancy_app.admin import TenantScopedAdmin
+from tenancy_app.models import Tenant
+
+from .models import PendingApproval
+from .policy import CallFacts, evaluate
+from .policy_models import ApprovalPolicy, ApprovalRule, RuleRisk, RuleSource
+
+# Kept inline so the admin ships as one module; they only extend Django's own admin templates.
+_CHANGE_LIST = """{% extends "admin/change_list.html" %}
+{% block object-tools-items %}
+<li><a href="{% url 'admin:approvals_app_approvalpolicy_test' %}">Test a call</a></li>
+{{ block.super }}
+{% endblock %}"""
+
+_TEST_CALL = """{% extends "admin/base_site.html" %}
+{% block breadcrumbs %}<div class="breadcrumbs">
+<a href="{% url 'admin:index' %}">Home</a> &rsaquo;
+<a href="{% url 'admin:app_list' app_label=opts.app_label %}">{{ opts.app_config.verbose_name }}</a> &rsaquo;
+<a href="{% url 'admin:approvals_app_approvalpolicy_changelist' %}">{{ opts.verbose_name_plural|capfirst }}</a>
+&rsaquo; {{ title }}</div>{% endblock %}
+{% block content %}
+<p>Which rule would match this call? Nothing runs; the tenant's enabled policies are evaluated.</p>
+<form method="post">{% csrf_token %}
+<table>{{ form.as_table }}</table>
+<div class="submit-row"><input type="submit" class="default" value="Evaluate"></div>
+</form>
+{% if verdict %}
+<h2 id="verdict">Verdict: {{ verdict.action }}</h2>
+<table>
+<tr><th>Matched rule</th><td>{% if verdict.rule %}#{{ verdict.rule.id }} in policy
+“{{ verdict.rule.policy }}” (position {{ verdict.rule.position }}): {{ verdict.rule.label }}
+{% else %}none{% endif %}</td></tr>
+<tr><th>Reason</th><td>{{ verdict.reason }}</td></tr>
+{% if verdict.rule %}
+<tr><th>Who may decide</th><td>{{ deciders }}</td></tr>
+<tr><th>Expires after</th><td>{% if verdict.expires_after_hours %}{{ verdict.expires_after_hours }} h
+{% else %}never{% endif %}</td></tr>
+{% endif %}
+</table>
+{% endif %}
+{% endblock %}"""
+
+
+def _template(source: str):
+    return engines["django"].from_string(source)
+
+
+def _is_tenant_admin(request) -> bool:
+    user = request.user
+    if user.is_superuser:
+        return True
+    cache_attr = "_xagent_admin_tenant_ids"  # the same per-request cache TenantScopedAdmin uses
+    if not hasattr(request, cache_attr):
+        setattr(request, cache_attr, admin_tenant_ids(user))
+    return user.is_active and user.is_staff and bool(getattr(request, cache_attr))
+
+
+class ApprovalRuleInline(admin.TabularInline):
+    model = ApprovalRule
+    extra = 1
+    fields = [
+        "position",
+        "enabled",
+        "tool_glob",
+        "toolset",
+        "risk",
+        "source",
+        "argument_conditions",
+        "action",
+        "deciders",
+        "expires_after_hours",
+        "reason",
+    ]
+
+    # Rules follow their policy: whoever may manage the (already tenant-scoped) policy manages its rules.
+    def has_view_permission(self, request, obj=None):
+        return _is_tenant_admin(request)
+
+    def has_add_permission(self, request, obj=None):
+        return _is_tenant_admin(request)
+
+    def has_change_permission(self, request, obj=None):
+        return _is_tenant_admin(request)
+
+    def has_delete_permission(self, request, obj=None):
+        return _is_tenant_admin(request)
+
+
+@admin.register(ApprovalPolicy)
+class ApprovalPolicyAdmin(TenantScopedAdmin):
+    list_display = ["name", "tenant", "priority", "enabled", "rule_count", "created_at"]
+    list_filter = ["enabled", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["name", "description"]
+    fields = ["tenant", "name", "description", "priority", "enabled"]
+    inlines = [ApprovalRuleInline]
+
+    @property
+    def change_list_template(self):
+        return _template(_CHANGE_LIST)
+
+    @admin.display(description="rules")
+    def rule_count(self, obj):
+        return obj.rules.count()
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is ApprovalRule:
+            for rule in formset.save(commit=False):
+                rule.tenant = form.instance.tenant
+                rule.save()
+            for rule in formset.deleted_objects:
+                rule.delete()
+            formset.save_m2m()
+            return
+        super().save_formset(request, form, formset, change)
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        # A superuser may move a policy to another tenant; its rules move with it.
+        form.instance.rules.exclude(tenant_id=form.instance.tenant_id).update(
+            tenant_id=form.instance.tenant_id
+        )
+
+    def get_urls(self):
+        custom = [
+            path(
+                "test/",
+                self.admin_site.admin_view(self.test_call_view),
+                name="approvals_app_approvalpolicy_test",
+            )
+        ]
+        return custom + super().get_urls()
+
+    def test_call_view(self, request):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        tenants = self._scoped(request, Tenant.objects.all())
+        form = CallProbeForm(request.POST or None, tenants=tenants)
+        verdict = None
+        if request.method == "POST" and form.is_valid():
+            verdict = evaluate(form.cleaned_data["tenant"].pk, form.facts(), form.cleaned_data["arguments"])
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Test a call",
+            "form": form,
+            "verdict": verdict,
+            "deciders": _describe_deciders(verdict.deciders) if verdict else "",
+        }
+        return TemplateResponse(request, _template(_TEST_CALL), context)
+
+
+def _describe_deciders(deciders: dict) -> str:
+    who = []
+    if deciders.get("session_owner"):
+        who.append("the session owner")
+    if deciders.get("tenant_admins"):
+        who.append("tenant admins")
+    who.extend(f"role {role}" for role in deciders.get("roles", []))
+    return ", ".join(who) or "nobody"
+
+
+class CallProbeForm(forms.Form):
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.none())
+    name = forms.CharField(label="Tool name", max_length=200, help_text="model-facing, e.g. fs_write_file")
+    source = forms.ChoiceField(choices=RuleSource.choices)
+    risk = forms.ChoiceField(choices=RuleRisk.choices)
+    toolsets = forms.CharField(required=False, help_text="comma-separated tool set names")
+    server = forms.CharField(required=False, help_text="MCP server name")
+    remote_name = forms.CharField(required=False, help_text="the tool's name on the MCP server")
+    arguments = forms.JSONField(
+        initial=dict, required=False, help_text="the call's arguments (a JSON object)"
+    )
+
+    def __init__(self, *args, tenants, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].queryset = tenants
+        if len(tenants) == 1:
+            self.fields["tenant"].initial = tenants[0]
+
+    def clean_arguments(self):
+        arguments = self.cleaned_data.get("arguments")
+        if arguments in (None, ""):
+            return {}
+        if not isinstance(arguments, dict):
+            raise forms.ValidationError("Arguments must be a JSON object.")
+        return arguments
+
+    def facts(self) -> CallFacts:
+        data = self.cleaned_data
+        toolsets = tuple(t.strip() for t in data.get("toolsets", "").split(",") if t.strip())
+        return CallFacts(
+            name=data["name"].strip(),
+            source=data["source"],
+            risk=data["risk"],
+            toolsets=toolsets,
+            server=data.get("server", "").strip(),
+            remote_name=data.get("remote_name", "").strip(),
+        )
+
+
+@admin.register(PendingApproval)
+class PendingApprovalAdmin(TenantScopedAdmin):
+    """Read-only: an approval is decided through sessions_app, which also resumes the Session."""
+
+    list_display = ["tool", "session_id", "status", "risk", "requested_at", "decided_by", "decided_at"]
+    list_filter = ["status", "risk", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["tool", "call_id", "session_id"]
+    readonly_fields = ["arguments_pretty"]
+
+    @admin.display(description="arguments (redacted)")
+    def arguments_pretty(self, obj):
+        return json.dumps(obj.arguments_redacted, indent=2, sort_keys=True)
+
+    def get_fields(self, request, obj=None):
+        # Show the redacted arguments only: raw arguments may hold secrets the model echoed.
+        return [
+            "tenant",
+            "session_id",
+            "turn_id",
+            "call_id",
+            "tool",
+            "tool_source",
+            "risk",
+            "reason",
+            "rule",
+            "arguments_pretty",
+            "deciders",
+            "status",
+            "requested_by",
+            "requested_at",
+            "expires_at",
+            "decided_by",
+            "decided_at",
+            "comment",
+            "executed_at",
+        ]
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.get_fields(request, obj)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

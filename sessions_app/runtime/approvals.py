@@ -1,0 +1,267 @@
+"""Durable approvals in the runtime (ARCHITECTURE §2, §6; SCENARIOS S2).
+
+A tool call that a policy marks `require_approval` suspends the turn: the call, its result id
+(the call id) and the pending request are committed as one RuntimeAuditUnit together with the
+`waiting_approval` status, and the runner leaves. A decision is an input like any other
+(`approval_decision`), so it wakes the Brain; a later runner executes the *original* call
+exactly once (approve) or commits a rejection as that call's result (reject/expire) and the
+turn goes on. Prompt text cannot change any of this: the policy sees only the call.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from approvals_app import actions as approvals
+from approvals_app.choices import ApprovalStatus
+from approvals_app.models import PendingApproval
+from tenancy_app.models import Membership
+
+from ..choices import InputKind, Role, SessionStatus
+from ..models import Message, Session
+from . import engine
+from .events import emit
+
+logger = logging.getLogger(__name__)
+
+
+# --- the policy hook ToolService calls ------------------------------------------------------------
+
+
+def call_facts(tool):
+    from approvals_app.policy import CallFacts
+
+    server = getattr(tool, "server_name", "") or ""
+    return CallFacts(
+        name=tool.name,
+        source="mcp" if server else "native",
+        risk=str(tool.risk),
+        toolsets=tuple(getattr(tool, "toolsets", ()) or ()),
+        server=server,
+        remote_name=getattr(tool, "remote_name", "") or "",
+    )
+
+
+def verdict_for(tenant_id: int, tool, args: dict):
+    from approvals_app.policy import evaluate
+
+    return evaluate(tenant_id, call_facts(tool), args)
+
+
+def approval_hook(tool, args: dict, ctx) -> str:
+    return str(verdict_for(ctx.tenant_id, tool, args).action)
+
+
+# --- suspend ---------------------------------------------------------------------------------------
+
+
+def suspend(
+    session_id,
+    token,
+    *,
+    turn_id: int,
+    assistant_message_id: int,
+    tool,
+    call_id: str,
+    arguments: dict,
+    remaining_call_ids: list[str],
+    redactor,
+) -> PendingApproval:
+    """Park the turn on a RuntimeAuditUnit: approval row + status + event in one transaction."""
+    with engine.locked_session(session_id, token) as session:
+        verdict = verdict_for(session.tenant_id, tool, arguments)
+        expires_at = None
+        if verdict.expires_after_hours:
+            expires_at = timezone.now() + timezone.timedelta(hours=verdict.expires_after_hours)
+        approval = PendingApproval.objects.create(
+            tenant_id=session.tenant_id,
+            session_id=session.pk,
+            turn_id=turn_id,
+            assistant_message_id=assistant_message_id,
+            call_id=call_id,
+            tool=tool.name,
+            tool_source=call_facts(tool).source,
+            arguments=arguments,
+            arguments_redacted=redactor.redact_data(arguments),
+            risk=str(tool.risk),
+            reason=verdict.reason[:500],
+            rule=verdict.rule or {},
+            remaining_call_ids=remaining_call_ids,
+            deciders=verdict.deciders or {},
+            requested_by_id=session.owner_id,
+            expires_at=expires_at,
+        )
+        emit(
+            session,
+            "approval.requested",
+            {
+                "approval_id": approval.pk,
+                "call_id": call_id,
+                "tool": tool.name,
+                "risk": approval.risk,
+                "reason": approval.reason,
+            },
+        )
+        engine.set_status(session, SessionStatus.WAITING_APPROVAL, f"waiting for approval of {tool.name}")
+    return approval
+
+
+# --- decide ----------------------------------------------------------------------------------------
+
+
+def may_decide(approval: PendingApproval, user) -> bool:
+    from approvals_app.policy import can_decide
+
+    role = (
+        Membership.objects.filter(tenant_id=approval.tenant_id, user=user)
+        .values_list("role", flat=True)
+        .first()
+    )
+    if role is None:
+        return False
+    owner_id = Session.objects.filter(pk=approval.session_id).values_list("owner_id", flat=True).first()
+    return can_decide(approval.deciders or {}, user_id=user.pk, session_owner_id=owner_id, role=role)
+
+
+def may_see(approval: PendingApproval, user) -> bool:
+    """Owners and admins see every approval of the tenant; others, their Sessions' and what they may decide."""
+    role = (
+        Membership.objects.filter(tenant_id=approval.tenant_id, user=user)
+        .values_list("role", flat=True)
+        .first()
+    )
+    if role in ("owner", "admin"):
+        return True
+    owner_id = Session.objects.filter(pk=approval.session_id).values_list("owner_id", flat=True).first()
+    return owner_id == user.pk or may_decide(approval, user)
+
+
+def submit_decision(
+    approval: PendingApproval, decision: str, *, user=None, comment: str = "", status: str | None = None
+) -> PendingApproval:
+    """approvals.record_decision (compare-and-set) + the decision input + wake, in one transaction.
+
+    Used by REST, the WebSocket `decide` frame and expiry alike. Raises approvals.AlreadyDecided.
+    """
+    from .brain import wake
+
+    new_status = status or approvals.DECISIONS[decision]
+    with transaction.atomic():
+        with engine.locked_session(approval.session_id) as session:
+            approvals.record_decision(approval, status=new_status, user=user, comment=comment)
+            emit(
+                session,
+                "approval.decided",
+                {
+                    "approval_id": approval.pk,
+                    "decision": str(new_status),
+                    "by": user.get_username() if getattr(user, "is_authenticated", False) else "system",
+                },
+            )
+        engine.enqueue_input(
+            approval.session_id,
+            kind=InputKind.APPROVAL_DECISION,
+            payload={"approval_id": approval.pk, "decision": str(new_status)},
+            user=user,
+        )
+        transaction.on_commit(lambda: wake(approval.session_id))
+    return approval
+
+
+def expire_due() -> int:
+    """Pending approvals past their expiry become `expired`, which the model sees as a rejection."""
+    count = 0
+    for approval in approvals.due_for_expiry():
+        try:
+            submit_decision(
+                approval, "reject", status=ApprovalStatus.EXPIRED, comment="expired without a decision"
+            )
+            count += 1
+        except approvals.AlreadyDecided:
+            pass
+    return count
+
+
+# --- resume / cancel (inside a runner slice) ----------------------------------------------------
+
+
+def _waiting_approval(session_id) -> PendingApproval | None:
+    return (
+        PendingApproval.objects.filter(session_id=session_id, executed_at__isnull=True)
+        .exclude(status=ApprovalStatus.CANCELLED)
+        .order_by("-id")
+        .first()
+    )
+
+
+def _call_spec(approval: PendingApproval, call_id: str) -> dict:
+    message = Message.objects.get(pk=approval.assistant_message_id)
+    return next(c for c in message.tool_calls if c["id"] == call_id)
+
+
+def take_decision(session_id, token) -> tuple[PendingApproval | None, int]:
+    """Consume decision inputs for the parked turn: (the decided approval or None, inputs consumed)."""
+    with engine.locked_session(session_id, token) as session:
+        decisions = list(engine.queued_inputs(session.pk, [InputKind.APPROVAL_DECISION]))
+        if not decisions:
+            return None, 0
+        engine._consume(decisions, session.current_turn)
+        approval = _waiting_approval(session.pk)
+        if approval is None or approval.status == ApprovalStatus.PENDING:
+            return None, len(decisions)
+        engine.set_status(session, SessionStatus.RUNNING)
+        return approval, len(decisions)
+
+
+def cancel_waiting(session: Session) -> None:
+    """Interrupt while parked (caller holds the lock): cancel the approval and close its calls."""
+    approval = _waiting_approval(session.pk)
+    if approval is None:
+        return
+    try:
+        approvals.record_decision(
+            approval, status=ApprovalStatus.CANCELLED, comment="the user interrupted the turn"
+        )
+    except approvals.AlreadyDecided:
+        pass
+    for call_id in [approval.call_id, *approval.remaining_call_ids]:
+        if not Message.objects.filter(session_id=session.pk, role=Role.TOOL, tool_call_id=call_id).exists():
+            spec = _call_spec(approval, call_id)
+            emit(
+                session,
+                "tool.ended",
+                {"call_id": call_id, "tool": spec["name"], "ok": False, "summary": "cancelled by interrupt"},
+            )
+            engine._append_message(
+                session,
+                session.current_turn,
+                Role.TOOL,
+                "Not run: the user interrupted the turn while it waited for approval.",
+                tool_call_id=call_id,
+                tool_name=spec["name"],
+                is_error=True,
+            )
+    PendingApproval.objects.filter(pk=approval.pk).update(executed_at=timezone.now())
+
+
+def rejection_text(approval: PendingApproval) -> str:
+    verb = {ApprovalStatus.REJECTED: "rejected", ApprovalStatus.EXPIRED: "expired without a decision"}.get(
+        approval.status, str(approval.status)
+    )
+    who = f" by {approval.decided_by.get_username()}" if approval.decided_by_id else ""
+    note = (
+        f" Comment: {approval.comment}"
+        if approval.comment and approval.status == ApprovalStatus.REJECTED
+        else ""
+    )
+    return f"Not run: this call needed approval and was {verb}{who}.{note} Do not retry it unchanged."
+
+
+def mark_handled(approval: PendingApproval) -> None:
+    """A rejected/expired approval is handled once its rejection result is committed."""
+    PendingApproval.objects.filter(pk=approval.pk, executed_at__isnull=True).update(
+        executed_at=timezone.now()
+    )

@@ -1,0 +1,283 @@
+"""Approval policy admin: a tenant admin (owner_a, staff, not superuser) manages only tenant A's
+policies and rules, gets a form error for an unusable rule, and tests calls only against A."""
+
+import json
+
+import pytest
+from django.test import Client
+
+from approvals_app.choices import PolicyAction
+from approvals_app.policy import ensure_default_policy
+from approvals_app.policy_models import ApprovalPolicy, ApprovalRule
+
+ADMIN = "/admin/approvals_app"
+TEST_URL = f"{ADMIN}/approvalpolicy/test/"
+
+
+@pytest.fixture(autouse=True)
+def _static_files_without_manifest(settings):
+    # Production mode serves collectstatic's manifest, which a test run never builds.
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+
+
+@pytest.fixture
+def tenant_admin(owner_a):
+    assert owner_a.is_staff and not owner_a.is_superuser, "owner_a is the tenant admin persona"
+    client = Client()
+    client.force_login(owner_a)
+    return client
+
+
+@pytest.fixture
+def policies(tenant_a, tenant_b, outsider_b):
+    policy_b = ApprovalPolicy.objects.create(tenant=tenant_b, name="bravo-lockdown")
+    ApprovalRule.objects.create(tenant=tenant_b, policy=policy_b, tool_glob="fs_*", action=PolicyAction.DENY)
+    return {"a": ensure_default_policy(tenant_a), "b": policy_b}
+
+
+def add_form(tenant, rule: dict, name="Drafts only") -> dict:
+    data = {
+        "tenant": tenant.pk,
+        "name": name,
+        "description": "",
+        "priority": 10,
+        "enabled": "on",
+        "rules-TOTAL_FORMS": 1,
+        "rules-INITIAL_FORMS": 0,
+        "rules-MIN_NUM_FORMS": 0,
+        "rules-MAX_NUM_FORMS": 1000,
+        "rules-0-position": 1,
+        "rules-0-enabled": "on",
+        "rules-0-tool_glob": "fs_*",
+        "rules-0-toolset": "",
+        "rules-0-risk": "",
+        "rules-0-source": "",
+        "rules-0-argument_conditions": "[]",
+        "rules-0-action": PolicyAction.REQUIRE_APPROVAL,
+        "rules-0-deciders": json.dumps({"session_owner": True, "tenant_admins": True, "roles": []}),
+        "rules-0-expires_after_hours": 24,
+        "rules-0-reason": "Outside drafts/ needs a look.",
+    }
+    data.update({f"rules-0-{key}": value for key, value in rule.items()})
+    return data
+
+
+class TestPolicyChangelist:
+    def test_it_lists_only_tenant_a_policies(self, tenant_admin, policies):
+        response = tenant_admin.get(f"{ADMIN}/approvalpolicy/")
+
+        assert response.status_code == 200
+        assert list(response.context["cl"].result_list) == [policies["a"]]
+        assert "bravo" not in response.content.decode().lower()
+
+    def test_it_links_to_the_test_view(self, tenant_admin, policies):
+        response = tenant_admin.get(f"{ADMIN}/approvalpolicy/")
+
+        assert f'href="{TEST_URL}"' in response.content.decode()
+
+    def test_tenant_b_policy_page_is_not_reachable(self, tenant_admin, policies):
+        response = tenant_admin.get(f"{ADMIN}/approvalpolicy/{policies['b'].pk}/change/")
+
+        assert response.status_code in (302, 404)
+
+    def test_the_change_page_shows_the_rules_inline(self, tenant_admin, policies):
+        response = tenant_admin.get(f"{ADMIN}/approvalpolicy/{policies['a'].pk}/change/")
+
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert "Destructive action: a person must approve it." in html
+        assert "bravo" not in html.lower()
+
+
+class TestPolicyAddForm:
+    def test_it_offers_only_tenant_a(self, tenant_admin, policies, tenant_a):
+        response = tenant_admin.get(f"{ADMIN}/approvalpolicy/add/")
+
+        assert response.status_code == 200
+        assert list(response.context["adminform"].form.fields["tenant"].queryset) == [tenant_a]
+
+    def test_it_adds_a_policy_with_an_inline_rule_in_tenant_a(self, tenant_admin, policies, tenant_a):
+        conditions = [{"path": "$.paths[*]", "regex": "^drafts/", "negate": True}]
+
+        response = tenant_admin.post(
+            f"{ADMIN}/approvalpolicy/add/",
+            add_form(tenant_a, {"argument_conditions": json.dumps(conditions)}),
+        )
+
+        assert response.status_code == 302, response.context and response.context["errors"]
+        policy = ApprovalPolicy.objects.get(name="Drafts only")
+        rule = policy.rules.get()
+        assert (policy.tenant, rule.tenant) == (tenant_a, tenant_a)
+        assert rule.argument_conditions == conditions
+        assert rule.expires_after_hours == 24
+
+    def test_an_invalid_regex_is_a_form_error(self, tenant_admin, policies, tenant_a):
+        conditions = [{"path": "paths[*]", "regex": "([unclosed"}]
+
+        response = tenant_admin.post(
+            f"{ADMIN}/approvalpolicy/add/",
+            add_form(tenant_a, {"argument_conditions": json.dumps(conditions)}),
+        )
+
+        assert response.status_code == 200
+        inline_errors = response.context["inline_admin_formsets"][0].formset.errors
+        assert "argument_conditions" in inline_errors[0]
+        assert "invalid regex" in str(inline_errors[0]["argument_conditions"])
+        assert not ApprovalPolicy.objects.filter(name="Drafts only").exists()
+
+    def test_posting_tenant_b_is_refused(self, tenant_admin, policies, tenant_b):
+        response = tenant_admin.post(f"{ADMIN}/approvalpolicy/add/", add_form(tenant_b, {}, name="smuggled"))
+
+        assert response.status_code == 200
+        assert "tenant" in response.context["adminform"].form.errors
+        assert not ApprovalPolicy.objects.filter(name="smuggled").exists()
+
+    def test_a_rule_added_to_an_existing_policy_takes_its_tenant(self, tenant_admin, policies, tenant_a):
+        policy = policies["a"]
+        existing = list(policy.rules.all())
+        data = {
+            "tenant": tenant_a.pk,
+            "name": policy.name,
+            "description": policy.description,
+            "priority": policy.priority,
+            "enabled": "on",
+            "rules-TOTAL_FORMS": len(existing) + 1,
+            "rules-INITIAL_FORMS": len(existing),
+            "rules-MIN_NUM_FORMS": 0,
+            "rules-MAX_NUM_FORMS": 1000,
+        }
+        for index, rule in enumerate(existing):
+            data.update(
+                {
+                    f"rules-{index}-id": rule.pk,
+                    f"rules-{index}-policy": policy.pk,
+                    f"rules-{index}-position": rule.position,
+                    f"rules-{index}-enabled": "on",
+                    f"rules-{index}-risk": rule.risk,
+                    f"rules-{index}-argument_conditions": "[]",
+                    f"rules-{index}-action": rule.action,
+                    f"rules-{index}-deciders": json.dumps(rule.deciders),
+                    f"rules-{index}-expires_after_hours": rule.expires_after_hours,
+                    f"rules-{index}-reason": rule.reason,
+                }
+            )
+        new = len(existing)
+        data.update(
+            {
+                f"rules-{new}-policy": policy.pk,
+                f"rules-{new}-position": 99,
+                f"rules-{new}-enabled": "on",
+                f"rules-{new}-tool_glob": "shell_*",
+                f"rules-{new}-argument_conditions": "[]",
+                f"rules-{new}-action": PolicyAction.DENY,
+                f"rules-{new}-deciders": "{}",
+            }
+        )
+
+        response = tenant_admin.post(f"{ADMIN}/approvalpolicy/{policy.pk}/change/", data)
+
+        assert response.status_code == 302, response.context and response.context["errors"]
+        added = policy.rules.get(tool_glob="shell_*")
+        assert added.tenant == tenant_a
+
+
+class TestCallView:
+    def call(self, tenant, **overrides):
+        data = {
+            "tenant": tenant.pk,
+            "name": "fs_delete_files",
+            "source": "native",
+            "risk": "destructive",
+            "toolsets": "filesystem, extra",
+            "server": "",
+            "remote_name": "",
+            "arguments": json.dumps({"paths": ["drafts/a.md"]}),
+        }
+        data.update(overrides)
+        return data
+
+    def test_it_shows_the_matching_rule(self, tenant_admin, policies, tenant_a):
+        destructive = policies["a"].rules.get(risk="destructive")
+
+        response = tenant_admin.post(TEST_URL, self.call(tenant_a))
+
+        assert response.status_code == 200
+        verdict = response.context["verdict"]
+        assert verdict.action == PolicyAction.REQUIRE_APPROVAL
+        assert verdict.rule["id"] == destructive.pk
+        html = response.content.decode()
+        assert "Verdict: require_approval" in html
+        assert f"#{destructive.pk} in policy" in html
+        assert "Destructive action: a person must approve it." in html
+        assert "72 h" in html
+
+    def test_a_call_no_rule_matches_is_allowed(self, tenant_admin, policies, tenant_a):
+        response = tenant_admin.post(TEST_URL, self.call(tenant_a, risk="read"))
+
+        verdict = response.context["verdict"]
+        assert (verdict.action, verdict.rule, verdict.reason) == ("allow", None, "no rule matched")
+
+    def test_it_offers_only_tenant_a(self, tenant_admin, policies, tenant_a):
+        response = tenant_admin.get(TEST_URL)
+
+        assert response.status_code == 200
+        assert list(response.context["form"].fields["tenant"].queryset) == [tenant_a]
+        assert "bravo" not in response.content.decode().lower()
+
+    def test_it_will_not_evaluate_tenant_b(self, tenant_admin, policies, tenant_b):
+        response = tenant_admin.post(TEST_URL, self.call(tenant_b, name="fs_write_file", risk="write"))
+
+        assert response.status_code == 200
+        assert response.context["verdict"] is None
+        assert "tenant" in response.context["form"].errors
+        assert "bravo-lockdown" not in response.content.decode()
+
+    def test_arguments_must_be_an_object(self, tenant_admin, policies, tenant_a):
+        response = tenant_admin.post(TEST_URL, self.call(tenant_a, arguments="[1, 2]"))
+
+        assert response.context["verdict"] is None
+        assert "arguments" in response.context["form"].errors
+
+    def test_a_member_cannot_use_it(self, member_a, policies):
+        client = Client()
+        client.force_login(member_a)
+
+        response = client.get(TEST_URL)
+
+        assert response.status_code == 302
+        assert response["Location"].startswith("/admin/login/")
+
+
+class TestPendingApprovalAdmin:
+    @pytest.fixture
+    def approvals(self, tenant_a, tenant_b):
+        from approvals_app.models import PendingApproval
+
+        def make(tenant, tool):
+            return PendingApproval.objects.create(
+                tenant=tenant,
+                session_id=f"00000000-0000-0000-0000-{tenant.pk:012d}",
+                turn_id=1,
+                assistant_message_id=1,
+                call_id=f"call-{tool}",
+                tool=tool,
+                risk="destructive",
+                reason="Destructive action: a person must approve it.",
+            )
+
+        return {"a": make(tenant_a, "fs_delete_files"), "b": make(tenant_b, "bravo_secret_tool")}
+
+    def test_it_lists_only_tenant_a_read_only(self, tenant_admin, approvals):
+        response = tenant_admin.get(f"{ADMIN}/pendingapproval/")
+
+        assert response.status_code == 200
+        assert list(response.context["cl"].result_list) == [approvals["a"]]
+        assert "bravo_secret_tool" not in response.content.decode()
+        assert tenant_admin.get(f"{ADMIN}/pendingapproval/add/").status_code == 403
+        detail = tenant_admin.get(f"{ADMIN}/pendingapproval/{approvals['a'].pk}/change/")
+        assert detail.status_code == 200
+        assert not detail.context["has_change_permission"]
+        assert tenant_admin.get(f"{ADMIN}/pendingapproval/{approvals['a'].pk}/delete/").status_code == 403
