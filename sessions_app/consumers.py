@@ -94,7 +94,8 @@ class SessionConsumer(TenantScopedConsumer):
         elif kind == "decide":
             code, message, approval_id = await self._decide(content)
             if code:
-                await self._reply_error(code, message)
+                # Name the approval so a client with several decisions in flight can match the answer.
+                await self._reply_error(code, message, approval_id=content.get("approval_id"))
             else:
                 await self.send_json(
                     {"seq": None, "type": "ack", "data": {"approval_id": approval_id, "status": message}}
@@ -102,8 +103,10 @@ class SessionConsumer(TenantScopedConsumer):
         else:
             await self._reply_error("unknown_frame", "Frames are {type: input|interrupt|decide}.")
 
-    async def _reply_error(self, code: str, message: str):
-        await self.send_json({"seq": None, "type": "error", "data": {"code": code, "message": message}})
+    async def _reply_error(self, code: str, message: str, **extra):
+        await self.send_json(
+            {"seq": None, "type": "error", "data": {"code": code, "message": message, **extra}}
+        )
 
     # --- helpers ----------------------------------------------------------------------------------
 

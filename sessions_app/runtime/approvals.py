@@ -225,6 +225,11 @@ def cancel_waiting(session: Session) -> None:
         approvals.record_decision(
             approval, status=ApprovalStatus.CANCELLED, comment="the user interrupted the turn"
         )
+        emit(
+            session,
+            "approval.decided",
+            {"approval_id": approval.pk, "decision": "cancelled", "by": "interrupt"},
+        )
     except approvals.AlreadyDecided:
         pass
     for call_id in [approval.call_id, *approval.remaining_call_ids]:

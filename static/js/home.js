@@ -23,13 +23,29 @@
 
   function sessionRow(session) {
     const href = `/sessions/${encodeURIComponent(session.id)}/`;
+    const needsApproval = session.status === "waiting_approval";
     return el(
       "li",
-      { className: "session-row", dataset: { testid: "session-row", id: session.id, status: session.status } },
+      {
+        className: `session-row${needsApproval ? " needs-attention" : ""}`,
+        dataset: { testid: "session-row", id: session.id, status: session.status },
+      },
       el(
         "a",
         { className: "session-link", attrs: { href } },
-        el("span", { className: "session-title", text: session.title || "Untitled session" }),
+        el(
+          "span",
+          { className: "session-title-line" },
+          el("span", { className: "session-title", text: session.title || "Untitled session" }),
+          needsApproval
+            ? el("span", {
+                className: "needs-approval",
+                dataset: { testid: "needs-approval" },
+                attrs: { title: "A tool call waits for a person to approve or reject it" },
+                text: "needs approval",
+              })
+            : null
+        ),
         session.phase_goal || session.session_goal
           ? el("span", { className: "session-goal muted", text: session.phase_goal || session.session_goal })
           : null

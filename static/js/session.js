@@ -10,6 +10,12 @@
  * The status badge changes only on `session.status` events (initial value from the API):
  * it is never inferred from chat text. Reconnects resume from the last seq received, so
  * nothing is missed or applied twice.
+ *
+ * Approvals: pending ones are read from the API at start (`approvals/?status=pending`), new
+ * ones arrive as `approval.requested` events (details then read from `/api/v1/approvals/{id}/`).
+ * A decision goes out as a WebSocket `decide` frame (REST POST when the socket is down); the
+ * card turns decided on the `ack`, on the `approval.decided` event or on a re-read, whichever
+ * comes first — all three say the same thing, so the order does not matter.
  */
 (function () {
   "use strict";
@@ -21,9 +27,11 @@
   const $ = (id) => document.getElementById(id);
 
   const GUIDANCE_PREFIX = "[Guidance from the user";
-  const INTERRUPTIBLE = new Set(["running", "preparing"]);
+  const INTERRUPTIBLE = new Set(["running", "preparing", "waiting_approval"]); // parked: cancels the approval
   const MAX_LOG_ENTRIES = 500;
   const RESULT_PREVIEW_CHARS = 20000;
+  const APPROVALS_API = "/api/v1/approvals/";
+  const APPROVAL_TIMES_REFRESH_MS = 30000;
 
   const ui = {
     status: document.querySelector("[data-testid=session-status]"),
@@ -54,7 +62,10 @@
     planProgress: $("plan-progress"),
     log: $("event-log"),
     logCount: $("activity-count"),
+    approvals: $("approvals"),
+    approvalsNote: $("approvals-note"),
   };
+  const USERNAME = ($("session-app") && $("session-app").dataset.username) || "";
 
   const state = {
     lastSeq: boot.backlogFrom, // the WebSocket's `after`: highest seq received
@@ -67,8 +78,11 @@
     attempts: 0,
     retryTimer: null,
     stopped: false,
-    awaitingAck: [], // what each client frame sent asked for, answered in order by `ack` frames
+    awaitingAck: [], // {kind, note, approvalId?} per client frame sent, answered in order by `ack`/`error` frames
     gapAt: null,
+    approvalCards: new Map(), // approval id -> card element
+    waitingCalls: new Map(), // call id -> approval id, while that approval is pending
+    title: "",
   };
 
   // --- status, header -------------------------------------------------------------------------
@@ -85,7 +99,8 @@
   function showHeader(session) {
     const title = session.title || "Untitled session";
     ui.title.textContent = title;
-    document.title = `${title} · xAgent workspace`;
+    state.title = title;
+    updateDocumentTitle();
     const label = session.model_label || "";
     const demo = label.toLowerCase().startsWith("demo model");
     ui.modelBadge.hidden = !demo;
@@ -95,6 +110,12 @@
     ui.sessionGoalRow.hidden = !session.session_goal;
     ui.phaseGoal.textContent = session.phase_goal || "";
     ui.phaseGoalRow.hidden = !session.phase_goal || session.phase_goal === session.session_goal;
+  }
+
+  function updateDocumentTitle() {
+    const title = state.title || ui.title.textContent || "Untitled session";
+    const waiting = [...state.approvalCards.values()].some((card) => card.dataset.status === "pending");
+    document.title = `${waiting ? "Approval needed · " : ""}${title} · xAgent workspace`;
   }
 
   let headerRefresh = null;
@@ -196,11 +217,12 @@
 
   function toolStarted(data) {
     const card = toolCard(data.call_id, data.tool, data.arguments);
-    if (card.dataset.ok === undefined) setToolState(card, "running", "running…");
+    if (card.dataset.ok === undefined && !state.waitingCalls.has(data.call_id)) setToolState(card, "running", "running…");
     placeOrphan(card);
   }
 
   function toolEnded(data) {
+    state.waitingCalls.delete(data.call_id);
     const card = toolCard(data.call_id, data.tool);
     card.dataset.ok = data.ok ? "true" : "false";
     setToolState(card, data.ok ? "ok" : "error", data.ok ? "ok" : "error");
@@ -213,6 +235,7 @@
   }
 
   function toolResult(message) {
+    state.waitingCalls.delete(message.tool_call_id);
     const card = toolCard(message.tool_call_id, message.tool_name || "tool");
     if (card.dataset.ok === undefined) {
       // Older than the replayed backlog: the result message alone tells ok/error.
@@ -372,6 +395,409 @@
     ui.planProgress.textContent = tasks.length ? `${done} / ${tasks.length} done` : "";
   }
 
+  // --- approvals ------------------------------------------------------------------------------
+
+  const DECIDED_LABELS = {
+    approved: "Approved",
+    rejected: "Rejected",
+    expired: "Expired without a decision",
+    cancelled: "Cancelled",
+  };
+  const RISK_HINTS = {
+    read: "reads data only",
+    write: "changes files or data",
+    destructive: "deletes or overwrites; cannot be undone",
+    external: "reaches outside the workspace",
+  };
+
+  /** `approval.decided` says approve/reject or the resulting status: accept both. */
+  function decisionStatus(decision) {
+    return { approve: "approved", reject: "rejected" }[decision] || String(decision || "");
+  }
+
+  function approvalUrl(id) {
+    return `${APPROVALS_API}${encodeURIComponent(id)}/`;
+  }
+
+  function approvalCard(id) {
+    const key = String(id);
+    let card = state.approvalCards.get(key);
+    if (card) return card;
+    const commentId = `approval-comment-${key}`;
+    card = el(
+      "article",
+      {
+        className: "approval-card",
+        dataset: { testid: "approval-card", approvalId: key, status: "pending" },
+        attrs: { "aria-labelledby": `approval-title-${key}` },
+      },
+      el(
+        "header",
+        { className: "approval-head" },
+        el("span", { className: "approval-icon", attrs: { "aria-hidden": "true" } }),
+        el(
+          "h3",
+          { className: "approval-title", attrs: { id: `approval-title-${key}` } },
+          el("span", { className: "approval-kicker", text: "Approval needed" }),
+          el("code", { className: "approval-tool", dataset: { testid: "approval-tool" } })
+        ),
+        el("span", { className: "risk-badge", dataset: { testid: "approval-risk" } }),
+        el("span", { className: "approval-state", dataset: { testid: "approval-state" }, text: "waiting for a decision" })
+      ),
+      el("p", { className: "approval-reason", dataset: { testid: "approval-reason" } }),
+      el("div", { className: "approval-arguments", dataset: { testid: "approval-arguments" } },
+        el("p", { className: "muted", text: "Loading the call’s arguments…" })),
+      el("p", { className: "approval-times muted", dataset: { testid: "approval-times" } }),
+      el(
+        "div",
+        { className: "approval-decide" },
+        el("label", { className: "approval-comment-label", attrs: { for: commentId } }, "Comment ", el("span", { className: "muted", text: "(optional)" })),
+        el("textarea", {
+          className: "approval-comment",
+          dataset: { testid: "approval-comment" },
+          attrs: { id: commentId, rows: 1, maxlength: 5000, placeholder: "Why? The agent sees this with a rejection." },
+        }),
+        el(
+          "div",
+          { className: "approval-actions" },
+          el("button", {
+            className: "danger",
+            dataset: { testid: "reject-button" },
+            attrs: { type: "button" },
+            text: "Reject",
+            on: { click: () => decide(key, "reject") },
+          }),
+          el("button", {
+            className: "approve",
+            dataset: { testid: "approve-button" },
+            attrs: { type: "button" },
+            text: "Approve",
+            on: { click: () => decide(key, "approve") },
+          })
+        )
+      ),
+      el("p", { className: "approval-message", dataset: { testid: "approval-message" }, attrs: { role: "alert", hidden: true } }),
+      el(
+        "div",
+        { className: "approval-outcome", attrs: { hidden: true } },
+        el("p", { className: "approval-outcome-text", dataset: { testid: "approval-outcome" } }),
+        el("button", {
+          className: "link small",
+          attrs: { type: "button", "aria-label": "Dismiss this decided approval" },
+          text: "Dismiss",
+          on: { click: () => dismissApproval(key) },
+        })
+      )
+    );
+    state.approvalCards.set(key, card);
+    ui.approvals.append(card);
+    syncApprovalsVisibility();
+    return card;
+  }
+
+  function setApprovalMessage(card, text, isError = false) {
+    const message = card.querySelector(".approval-message");
+    message.textContent = text || "";
+    message.hidden = !text;
+    message.classList.toggle("error", Boolean(text) && isError);
+  }
+
+  function setDeciding(card, busy) {
+    card.dataset.busy = busy ? "true" : "false";
+    for (const button of card.querySelectorAll(".approval-actions button")) button.disabled = busy;
+    card.querySelector(".approval-comment").disabled = busy;
+  }
+
+  /** Risk as a word and a colour (never colour alone). */
+  function showRisk(card, risk) {
+    if (!risk) return;
+    card.dataset.risk = risk;
+    const badge = card.querySelector(".risk-badge");
+    badge.dataset.risk = risk;
+    badge.textContent = risk;
+    badge.title = RISK_HINTS[risk] ? `Risk: ${risk} — ${RISK_HINTS[risk]}` : `Risk: ${risk}`;
+  }
+
+  /** What the call would do, the paths first: for a deletion, the user must see which files go. */
+  function renderApprovalArguments(card, tool, rawArguments) {
+    const box = card.querySelector(".approval-arguments");
+    const args = parseArguments(rawArguments);
+    const parts = [];
+    const paths = Array.isArray(args.paths) ? args.paths.map(String) : typeof args.path === "string" ? [args.path] : [];
+    if (paths.length) {
+      const deleting = tool === "fs_delete_files";
+      const lead = deleting
+        ? `${paths.length === 1 ? "File" : `${paths.length} files`} to delete from the workspace, permanently:`
+        : `${paths.length === 1 ? "File" : "Files"}:`;
+      parts.push(el("p", { className: "approval-files-lead", text: lead }));
+      parts.push(
+        el(
+          "ul",
+          { className: `approval-files${deleting ? " deleting" : ""}`, dataset: { testid: "approval-paths" } },
+          ...paths.map((path) => el("li", { dataset: { path } }, el("code", { text: path })))
+        )
+      );
+    }
+    if (typeof args.command === "string") {
+      parts.push(el("p", { className: "approval-files-lead", text: "Command:" }));
+      parts.push(el("pre", { className: "approval-command", text: args.command }));
+    }
+    const full = JSON.stringify(args, null, 2);
+    const json = el("pre", {
+      className: "approval-json",
+      text: full.length > RESULT_PREVIEW_CHARS ? `${full.slice(0, RESULT_PREVIEW_CHARS)}\n…` : full,
+    });
+    // With the paths shown above, the raw JSON is one click away; otherwise it is the whole story.
+    parts.push(
+      el("details", { className: "approval-raw", attrs: { open: !parts.length } }, el("summary", { text: "Arguments (JSON)" }), json)
+    );
+    box.replaceChildren(...parts);
+    card.dataset.hasArguments = "1";
+  }
+
+  function renderApprovalTimes(card) {
+    const times = card.querySelector(".approval-times");
+    const parts = [];
+    const requested = card.dataset.requestedAt;
+    if (requested) parts.push("requested ", timeElement(requested));
+    if (card.dataset.expiresAt && card.dataset.status === "pending") {
+      const expires = card.dataset.expiresAt;
+      const past = new Date(expires).getTime() <= Date.now();
+      parts.push(parts.length ? " · " : "", past ? "expired " : "expires ", timeElement(expires));
+    }
+    if (card.dataset.rule) parts.push(parts.length ? " · " : "", `rule: ${card.dataset.rule}`);
+    times.replaceChildren(...parts);
+    times.hidden = parts.length === 0;
+  }
+
+  function refreshApprovalTimes() {
+    for (const card of state.approvalCards.values()) renderApprovalTimes(card);
+  }
+
+  function ruleName(rule) {
+    if (!rule || typeof rule !== "object") return "";
+    return String(rule.name || rule.policy || rule.tool_glob || rule.risk || "");
+  }
+
+  /** The tool card of the gated call follows its approval. */
+  function markToolCard(callId, status, tool) {
+    if (!callId) return;
+    if (status === "pending") {
+      const card = toolCard(callId, tool || "tool");
+      state.waitingCalls.set(callId, true);
+      if (card.dataset.ok === undefined) setToolState(card, "waiting", "waiting for approval");
+      placeOrphan(card);
+      return;
+    }
+    state.waitingCalls.delete(callId);
+    const card = state.toolCards.get(callId);
+    if (!card || card.dataset.ok !== undefined) return;
+    if (status === "approved") setToolState(card, "running", "approved, running…");
+    else setToolState(card, "declined", status); // tool.ended follows with the result the model sees
+  }
+
+  /** Apply an approval as the API returns it (or as much of it as an event carries). */
+  function showApproval(approval) {
+    if (!approval || approval.id === undefined || approval.id === null) return null;
+    if (approval.session && String(approval.session) !== String(boot.id)) return null;
+    const card = approvalCard(approval.id);
+    if (approval.tool) card.querySelector(".approval-tool").textContent = approval.tool;
+    if (approval.tool) card.dataset.tool = approval.tool;
+    if (approval.call_id) card.dataset.callId = approval.call_id;
+    showRisk(card, approval.risk);
+    if (approval.reason !== undefined) {
+      const reason = card.querySelector(".approval-reason");
+      reason.textContent = approval.reason || "";
+      reason.hidden = !approval.reason;
+    }
+    if (approval.arguments !== undefined) renderApprovalArguments(card, approval.tool || card.dataset.tool, approval.arguments);
+    if (approval.requested_at) card.dataset.requestedAt = approval.requested_at;
+    if (approval.expires_at) card.dataset.expiresAt = approval.expires_at;
+    const rule = ruleName(approval.rule);
+    if (rule) card.dataset.rule = rule;
+    const status = approval.status || card.dataset.status;
+    if (status === "pending") {
+      if (card.dataset.status === "pending") markToolCard(card.dataset.callId, "pending", card.dataset.tool);
+    } else {
+      showDecided(card, {
+        status,
+        by: approval.decided_by,
+        at: approval.decided_at,
+        comment: approval.comment,
+      });
+    }
+    renderApprovalTimes(card);
+    updateDocumentTitle();
+    return card;
+  }
+
+  function showDecided(card, { status, by, at, comment }) {
+    const known = card.dataset.status !== "pending" && card.dataset.status === status;
+    card.dataset.status = status;
+    card.querySelector(".approval-kicker").textContent = DECIDED_LABELS[status] || statusLabel(status);
+    card.querySelector(".approval-state").textContent = statusLabel(status);
+    card.querySelector(".approval-decide").hidden = true;
+    setDeciding(card, false);
+    // Fill in what is known; a later, fuller source (the API) may add the time and comment.
+    if (by !== undefined && by !== null) card.dataset.decidedBy = by;
+    if (at) card.dataset.decidedAt = at;
+    if (comment !== undefined && comment !== null) card.dataset.comment = comment;
+    const who = card.dataset.decidedBy && card.dataset.decidedBy !== "system" ? ` by ${card.dataset.decidedBy}` : "";
+    const when = card.dataset.decidedAt ? ` at ${clockTime(card.dataset.decidedAt)}` : "";
+    const said = card.dataset.comment ? ` — “${card.dataset.comment}”` : "";
+    const outcome = card.querySelector(".approval-outcome");
+    outcome.querySelector(".approval-outcome-text").textContent =
+      `${DECIDED_LABELS[status] || statusLabel(status)}${who}${when}${said}`;
+    outcome.hidden = false;
+    if (!known) markToolCard(card.dataset.callId, status, card.dataset.tool);
+    renderApprovalTimes(card);
+    updateDocumentTitle();
+  }
+
+  function dismissApproval(key) {
+    const card = state.approvalCards.get(key);
+    if (!card || card.dataset.status === "pending") return;
+    card.remove();
+    state.approvalCards.delete(key);
+    syncApprovalsVisibility();
+    ui.input.focus();
+  }
+
+  async function loadPendingApprovals() {
+    try {
+      const rows = await api(`${boot.api}approvals/?status=pending`);
+      for (const approval of rows || []) showApproval(approval);
+      ui.approvalsNote.textContent = "";
+    } catch (exc) {
+      ui.approvalsNote.textContent = `Could not load pending approvals: ${exc.message}`;
+    }
+    syncApprovalsVisibility();
+  }
+
+  function syncApprovalsVisibility() {
+    ui.approvalsNote.hidden = !ui.approvalsNote.textContent;
+    ui.approvals.hidden = state.approvalCards.size === 0 && ui.approvalsNote.hidden;
+  }
+
+  const approvalReads = new Map(); // approval id -> in-flight read
+  function refreshApproval(id, { droppedWhileSending = false, alreadyDecided = false } = {}) {
+    const key = String(id);
+    if (approvalReads.has(key)) return approvalReads.get(key);
+    const read = api(approvalUrl(key))
+      .then((approval) => {
+        const card = showApproval(approval);
+        if (!card) return;
+        if (alreadyDecided) {
+          setApprovalMessage(card, "Already decided by someone else.", true);
+        } else if (droppedWhileSending) {
+          if (approval.status === "pending") {
+            setDeciding(card, false);
+            setApprovalMessage(card, "The connection dropped before the server answered: nothing was decided. Try again.", true);
+          } else {
+            setApprovalMessage(card, "");
+          }
+        }
+      })
+      .catch((exc) => {
+        const card = state.approvalCards.get(key);
+        if (!card) return;
+        if (card.dataset.status === "pending") setDeciding(card, false);
+        if (alreadyDecided) setApprovalMessage(card, "Already decided by someone else.", true);
+        else setApprovalMessage(card, `Could not read this approval: ${exc instanceof ApiError ? exc.describe() : exc}`, true);
+      })
+      .finally(() => approvalReads.delete(key));
+    approvalReads.set(key, read);
+    return read;
+  }
+
+  function approvalRequested(data) {
+    if (data.approval_id === undefined || data.approval_id === null) return;
+    const fresh = !state.approvalCards.has(String(data.approval_id));
+    const card = showApproval({
+      id: data.approval_id,
+      status: "pending",
+      tool: data.tool,
+      call_id: data.call_id,
+      risk: data.risk,
+      reason: data.reason,
+    });
+    if (!card) return;
+    if (fresh) {
+      card.scrollIntoView({ block: "nearest" });
+      refreshApproval(data.approval_id); // the arguments and times are not in the event
+    }
+  }
+
+  function approvalDecided(data) {
+    const key = String(data.approval_id);
+    const card = state.approvalCards.get(key);
+    if (!card) return; // decided before this page read the pending list: nothing to show
+    showDecided(card, { status: decisionStatus(data.decision), by: data.by });
+    // "Approving…" is answered; an error (e.g. already decided) stays for the user to read.
+    if (!card.querySelector(".approval-message").classList.contains("error")) setApprovalMessage(card, "");
+    refreshApproval(key); // the decision time and comment
+  }
+
+  async function decide(key, decision) {
+    const card = state.approvalCards.get(key);
+    if (!card || card.dataset.status !== "pending" || card.dataset.busy === "true") return;
+    const comment = card.querySelector(".approval-comment").value.trim();
+    setDeciding(card, true);
+    setApprovalMessage(card, decision === "approve" ? "Approving…" : "Rejecting…");
+    const id = Number(key);
+    if (socketOpen()) {
+      const frame = { type: "decide", approval_id: id, decision };
+      if (comment) frame.comment = comment;
+      state.ws.send(JSON.stringify(frame));
+      state.awaitingAck.push({ kind: "decide", approvalId: key });
+      return;
+    }
+    try {
+      const approval = await api(`${approvalUrl(key)}decide/`, { method: "POST", body: { decision, comment } });
+      setApprovalMessage(card, "");
+      showApproval(approval);
+    } catch (exc) {
+      decisionRefused(key, exc instanceof ApiError ? exc.code : "network", exc instanceof ApiError ? exc.describe() : String(exc));
+    }
+  }
+
+  function decisionAcknowledged(id, status) {
+    const card = state.approvalCards.get(String(id));
+    if (!card) return;
+    setApprovalMessage(card, "");
+    if (status && status !== "pending") {
+      showDecided(card, { status, by: card.dataset.decidedBy || USERNAME || undefined });
+    }
+    refreshApproval(id); // authoritative time, decider and comment
+  }
+
+  function decisionRefused(id, code, message) {
+    const card = state.approvalCards.get(String(id));
+    if (!card) {
+      note(message, true);
+      return;
+    }
+    if (code === "already_decided") {
+      setApprovalMessage(card, "Already decided by someone else.", true);
+      refreshApproval(id, { alreadyDecided: true });
+      return;
+    }
+    setDeciding(card, false);
+    setApprovalMessage(card, `Not decided: ${message}`, true);
+  }
+
+  /** Leaving `waiting_approval` without a decision event (an interrupt cancels): re-read open cards. */
+  function reconcileApprovals(status) {
+    if (status === "waiting_approval") {
+      const anyPending = [...state.approvalCards.values()].some((card) => card.dataset.status === "pending");
+      if (!anyPending) loadPendingApprovals();
+      return;
+    }
+    for (const [key, card] of state.approvalCards) {
+      if (card.dataset.status === "pending" && card.dataset.busy !== "true") refreshApproval(key);
+    }
+  }
+
   // --- activity log ---------------------------------------------------------------------------
 
   function eventDetail(event) {
@@ -393,6 +819,10 @@
         return d.kind;
       case "file.changed":
         return `${d.op} ${d.path}`;
+      case "approval.requested":
+        return `${d.tool} (${d.risk}) #${d.approval_id}`;
+      case "approval.decided":
+        return `#${d.approval_id} ${decisionStatus(d.decision)}${d.by ? " by " + d.by : ""}`;
       case "plan.updated":
         return d.plan ? d.plan.title : "";
       case "error":
@@ -446,6 +876,13 @@
     switch (event.type) {
       case "session.status":
         setStatus(data.status, data.reason);
+        reconcileApprovals(data.status);
+        break;
+      case "approval.requested":
+        approvalRequested(data);
+        break;
+      case "approval.decided":
+        approvalDecided(data);
         break;
       case "message.committed":
         if (data.role === "assistant") endStream();
@@ -478,12 +915,20 @@
   function applyFrame(frame) {
     if (!frame || typeof frame !== "object") return;
     if (frame.seq === null || frame.seq === undefined) {
-      if (frame.type === "model.delta") appendDelta(frame.data || {});
+      const data = frame.data || {};
+      if (frame.type === "model.delta") appendDelta(data);
       else if (frame.type === "ack") {
-        note(state.awaitingAck.shift() || "Queued.");
+        const sent = state.awaitingAck.shift();
+        if ((sent && sent.kind === "decide") || data.approval_id !== undefined) {
+          decisionAcknowledged(data.approval_id !== undefined ? data.approval_id : sent.approvalId, data.status);
+        } else {
+          note((sent && sent.note) || "Queued.");
+        }
       } else if (frame.type === "error") {
-        state.awaitingAck.shift(); // a refused frame is answered by an error instead of an ack
-        note((frame.data && frame.data.message) || "The server refused that.", true);
+        const sent = state.awaitingAck.shift(); // a refused frame is answered by an error instead of an ack
+        const message = data.message || "The server refused that.";
+        if (sent && sent.kind === "decide") decisionRefused(sent.approvalId, data.code, message);
+        else note(message, true);
       }
       return;
     }
@@ -522,8 +967,13 @@
     ws.addEventListener("close", () => {
       if (state.ws === ws) state.ws = null;
       if (state.awaitingAck.length) {
-        note("The connection dropped while sending; check that your last message arrived.", true);
+        const unanswered = state.awaitingAck;
         state.awaitingAck = [];
+        if (unanswered.some((sent) => sent.kind !== "decide")) {
+          note("The connection dropped while sending; check that your last message arrived.", true);
+        }
+        // A decision may or may not have been recorded: ask the API rather than guess.
+        for (const sent of unanswered) if (sent.kind === "decide") refreshApproval(sent.approvalId, { droppedWhileSending: true });
       }
       if (!opened) state.attempts += 1;
       scheduleReconnect();
@@ -591,7 +1041,7 @@
     try {
       if (socketOpen()) {
         state.ws.send(JSON.stringify({ type: "input", text, kind }));
-        state.awaitingAck.push(kind === "guidance" ? "Guidance queued." : "Message queued.");
+        state.awaitingAck.push({ kind: "input", note: kind === "guidance" ? "Guidance queued." : "Message queued." });
         note("Sending…");
       } else {
         await api(`${boot.api}inputs/`, {
@@ -615,7 +1065,7 @@
     try {
       if (socketOpen()) {
         state.ws.send(JSON.stringify({ type: "interrupt" }));
-        state.awaitingAck.push("Interrupt queued.");
+        state.awaitingAck.push({ kind: "interrupt", note: "Interrupt queued." });
         note("Interrupting…");
       } else {
         await api(`${boot.api}interrupt/`, { method: "POST" });
@@ -657,7 +1107,9 @@
     } catch (exc) {
       note(`Could not load the Session: ${exc.message}`, true);
     }
+    await loadPendingApprovals();
     connect();
+    window.setInterval(refreshApprovalTimes, APPROVAL_TIMES_REFRESH_MS);
   }
 
   start();

@@ -104,7 +104,9 @@ def assistant_messages(page):
 
 
 def test_the_demo_session_shows_its_run_live(page, tmp_path):
-    """S1 in the browser: plan advancing to done, fs_write tool cards ok, the answer, status idle."""
+    """S1 + S2 in the browser: the report is built, the deletion of the scratch file waits for
+    approval (card with the file and the risk), Approve, then plan done, fs_write tool cards ok,
+    the answer, status idle."""
     log_in(page)
     row = page.get_by_test_id("session-row").filter(has_text=DEMO_TITLE)
     expect(row).to_have_count(1)
@@ -117,11 +119,31 @@ def test_the_demo_session_shows_its_run_live(page, tmp_path):
     expect(page.get_by_test_id("model-badge")).to_be_visible()
     expect(page.get_by_test_id("model-badge")).to_have_text("demo model")
     expect(page.get_by_test_id("live-indicator")).to_have_attribute("data-state", "live")
+    status = page.get_by_test_id("session-status")
+
+    # The deletion parks the Session until a person decides.
+    card = page.get_by_test_id("approval-card")
+    expect(card).to_have_count(1, timeout=LIVE_TIMEOUT_MS)
+    expect(card).to_have_attribute("data-status", "pending")
+    expect(card.get_by_test_id("approval-arguments")).to_contain_text("draft_to_delete.md")
+    expect(card.get_by_test_id("approval-risk")).to_have_text("destructive")
+    expect(card).to_contain_text("fs_delete_files")
+    expect(status).to_have_attribute("data-status", "waiting_approval", timeout=LIVE_TIMEOUT_MS)
+    gated = page.locator("[data-testid=tool-card][data-tool=fs_delete_files]")
+    expect(gated).to_contain_text("waiting for approval")
+    card.screenshot(path=str(tmp_path / "approval-card.png"))
+
+    card.get_by_test_id("approve-button").click()
+    expect(card).to_have_attribute("data-status", "approved", timeout=LIVE_TIMEOUT_MS)
+    expect(card).to_contain_text(re.compile(r"approved by demo", re.IGNORECASE))
+    expect(card.get_by_test_id("approve-button")).to_be_hidden()
+    expect(card.get_by_test_id("reject-button")).to_be_hidden()
+    expect(gated).to_have_attribute("data-ok", "true", timeout=LIVE_TIMEOUT_MS)
 
     answer = assistant_messages(page).last
     expect(answer.locator(".message-body")).to_contain_text("report.html", timeout=LIVE_TIMEOUT_MS)
+    expect(answer.locator(".message-body")).to_contain_text(re.compile(r"deleted draft_to_delete\.md"))
     expect(answer.get_by_test_id("tool-card")).to_have_count(0)  # the answer, not a tool step
-    status = page.get_by_test_id("session-status")
     expect(status).to_have_attribute("data-status", "idle", timeout=LIVE_TIMEOUT_MS)
     expect(status).to_contain_text("idle")
     expect(page.get_by_test_id("interrupt-button")).to_be_disabled()

@@ -218,7 +218,13 @@ def test_a_secret_in_an_mcp_header_and_shell_env_never_surfaces(
             )
             with connect(f"ws://{stack}/ws/sessions/{session_id}/?token={key}") as ws:
                 api.post(f"/sessions/{session_id}/inputs/", json={"text": "check the token"})
-                frames = _frames_until(ws, lambda f: f["type"] == "turn.ended")
+                # shell_exec is an external tool: the default policy asks a person first.
+                frames = _frames_until(ws, lambda f: f["type"] == "approval.requested")
+                decided = api.post(
+                    f"/approvals/{frames[-1]['data']['approval_id']}/decide/", json={"decision": "approve"}
+                )
+                assert decided.status_code == 200
+                frames += _frames_until(ws, lambda f: f["type"] == "turn.ended")
             raw_frames = json.dumps(frames)
 
     results = {m.tool_call_id: m.content for m in Message.objects.filter(session_id=session_id, role="tool")}
