@@ -25,6 +25,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def plain_static_storage(settings):
+    """Production mode serves collectstatic's manifest; a test run need not have built one."""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+
+
+@pytest.fixture(autouse=True)
 def fast_password_hashing(settings):
     """Personas are created per test; the production hasher would cost ~0.25 s each."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -29,7 +29,9 @@ class Test400:
 
     @pytest.mark.parametrize("name", ["", "x" * 101])
     def test_a_bad_field_value_is_a_validation_error(self, api_owner_a, name):
-        error = assert_error_shape(api_owner_a.post(API_KEYS, {"name": name}, format="json"), 400, "validation_error")
+        error = assert_error_shape(
+            api_owner_a.post(API_KEYS, {"name": name}, format="json"), 400, "validation_error"
+        )
 
         assert "name" in error["details"]
 
@@ -61,7 +63,9 @@ class Test401And403:
         client = APIClient(enforce_csrf_checks=True)
         client.force_login(owner_a)
 
-        error = assert_error_shape(client.post(API_KEYS, {"name": "x"}, format="json"), 403, "permission_denied")
+        error = assert_error_shape(
+            client.post(API_KEYS, {"name": "x"}, format="json"), 403, "permission_denied"
+        )
         assert "CSRF" in error["message"]
 
 
@@ -96,7 +100,9 @@ class TestContentNegotiation:
 class Test405And415:
     @pytest.mark.parametrize("method", ["put", "patch", "post", "delete"])
     def test_a_method_the_route_lacks_is_405(self, api_owner_a, method):
-        error = assert_error_shape(getattr(api_owner_a, method)(ME, {}, format="json"), 405, "method_not_allowed")
+        error = assert_error_shape(
+            getattr(api_owner_a, method)(ME, {}, format="json"), 405, "method_not_allowed"
+        )
 
         assert method.upper() in error["message"]
 

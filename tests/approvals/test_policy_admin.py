@@ -14,15 +14,6 @@ ADMIN = "/admin/approvals_app"
 TEST_URL = f"{ADMIN}/approvalpolicy/test/"
 
 
-@pytest.fixture(autouse=True)
-def _static_files_without_manifest(settings):
-    # Production mode serves collectstatic's manifest, which a test run never builds.
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    }
-
-
 @pytest.fixture
 def tenant_admin(owner_a):
     assert owner_a.is_staff and not owner_a.is_superuser, "owner_a is the tenant admin persona"

@@ -1,12 +1,11 @@
 """`make bench`: parallel read-only tool calls vs one at a time (example MCP server over HTTP)."""
 
-import socket
 import sys
 import time
 
 import pytest
 
-from tests.integration.processes import free_port, running
+from tests.integration.processes import free_port, running, wait_for_port
 from tools_app.base import ToolContext
 from tools_app.catalog import resolve_available
 from tools_app.mcp.sync import add_server, refresh_server
@@ -25,17 +24,21 @@ class _Port:
 def test_parallel_read_only_batch(tenant_a, tmp_path):
     port = free_port()
     log = tmp_path / "mcp.log"
-    with running([sys.executable, "-m", "tools_app.mcp.example_server", "--http", "--port", str(port)], {}, log) as proc:
-        for _ in range(400):
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None
-            time.sleep(0.05)
-        server = add_server(tenant_a, "example", MCPServer.Transport.STREAMABLE_HTTP, url=f"http://127.0.0.1:{port}/mcp")
+    with running(
+        [sys.executable, "-m", "tools_app.mcp.example_server", "--http", "--port", str(port)], {}, log
+    ) as proc:
+        wait_for_port(port, proc, log)
+        server = add_server(
+            tenant_a, "example", MCPServer.Transport.STREAMABLE_HTTP, url=f"http://127.0.0.1:{port}/mcp"
+        )
         refresh_server(server)
         tools = resolve_available(tenant_a.pk, ["example__pause"], [])
-        ctx = ToolContext(session_id="bench", tenant_id=tenant_a.pk, workspace=workspace_for(tmp_path, "t", "s"), port=_Port())
+        ctx = ToolContext(
+            session_id="bench",
+            tenant_id=tenant_a.pk,
+            workspace=workspace_for(tmp_path, "t", "s"),
+            port=_Port(),
+        )
         calls = [(f"c{i}", "example__pause", '{"label": "x", "seconds": 0.25}') for i in range(4)]
         service = ToolService()
         for parallel in (1, 4):
@@ -43,4 +46,6 @@ def test_parallel_read_only_batch(tenant_a, tmp_path):
             outcomes = list(service.execute_batch(calls, ctx, tools, max_parallel=parallel))
             elapsed = (time.perf_counter() - started) * 1000
             assert all(o.ok for o in outcomes)
-            print(f"\n[bench] 4 read-only MCP calls (0.25 s each), max_parallel={parallel}: {elapsed:7.0f} ms")
+            print(
+                f"\n[bench] 4 read-only MCP calls (0.25 s each), max_parallel={parallel}: {elapsed:7.0f} ms"
+            )

@@ -16,8 +16,17 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 # Everything config/settings.py reads, so the developer's or CI's environment cannot leak in.
 _READ_BY_SETTINGS = {
-    "DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG", "ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS",
-    "CONN_MAX_AGE", "SECURE_HSTS_SECONDS", "LOG_LEVEL", "OPENAI_BASE_URL", "OPENAI_API_KEY",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "SECRET_KEY",
+    "DEBUG",
+    "ALLOWED_HOSTS",
+    "CSRF_TRUSTED_ORIGINS",
+    "CONN_MAX_AGE",
+    "SECURE_HSTS_SECONDS",
+    "LOG_LEVEL",
+    "OPENAI_BASE_URL",
+    "OPENAI_API_KEY",
 }
 
 SHOW_SETTINGS = """
@@ -57,8 +66,12 @@ def controlled_env(**values: str) -> dict:
 
 def run_python(*args: str, **values: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, *args], cwd=PROJECT_ROOT, env=controlled_env(**values),
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, *args],
+        cwd=PROJECT_ROOT,
+        env=controlled_env(**values),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -74,7 +87,7 @@ def startup_error(**values: str) -> str:
     assert result.returncode != 0, f"started with {values}: {result.stdout[-500:]}"
     marker = "ImproperlyConfigured: "
     assert marker in result.stderr, f"did not stop with ImproperlyConfigured:\n{result.stderr[-1500:]}"
-    return result.stderr[result.stderr.rindex(marker) + len(marker):]
+    return result.stderr[result.stderr.rindex(marker) + len(marker) :]
 
 
 def random_secret_key() -> str:
@@ -93,7 +106,8 @@ def production_env(**overrides: str) -> dict:
 
 
 needs_no_dotenv = pytest.mark.skipif(
-    (PROJECT_ROOT / ".env").is_file(), reason="a .env file at the project root would feed the 'unset' variables"
+    (PROJECT_ROOT / ".env").is_file(),
+    reason="a .env file at the project root would feed the 'unset' variables",
 )
 
 

@@ -15,11 +15,6 @@ LOGIN = "/accounts/login/"
 @pytest.fixture(autouse=True)
 def _isolated(settings, tmp_path):
     settings.XAGENT_WORKSPACES_DIR = tmp_path / "workspaces"
-    # Production mode serves collectstatic's manifest, which a test run never builds.
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    }
 
 
 @pytest.fixture

@@ -2,15 +2,13 @@
 in model order. Observed through the timestamps the example MCP server reports (no timing asserts)."""
 
 import json
-import socket
 import sys
-import time
 
 import pytest
 
 from sessions_app.models import Message, Turn
 from sessions_app.runtime import engine
-from tests.integration.processes import free_port, running
+from tests.integration.processes import free_port, running, wait_for_port
 from tests.runtime.helpers import drive_until_idle, new_session, send
 from tests.support.model_server import text_reply, tool_call, tool_reply
 from tools_app.mcp.sync import add_server, refresh_server
@@ -26,12 +24,7 @@ def example_url(tmp_path_factory):
     with running(
         [sys.executable, "-m", "tools_app.mcp.example_server", "--http", "--port", str(port)], {}, log
     ) as proc:
-        for _ in range(400):
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.05)
+        wait_for_port(port, proc, log)
         yield f"http://127.0.0.1:{port}/mcp"
 
 

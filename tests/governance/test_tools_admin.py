@@ -10,14 +10,6 @@ from tools_app.secrets import set_secret
 ADMIN = "/admin/tools_app"
 
 
-@pytest.fixture(autouse=True)
-def _static_files_without_manifest(settings):
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    }
-
-
 @pytest.fixture
 def owner_a_admin(owner_a):
     client = Client()

@@ -101,18 +101,11 @@ def wait_for_http(url: str, proc: subprocess.Popen, log_path: Path, deadline_s: 
     raise AssertionError(f"{url} never answered 200 ({last_error}):\n{log_path.read_text(errors='replace')}")
 
 
-@contextmanager
-def web_and_worker(log_dir: Path, tag: str = "") -> Iterator[str]:
-    """daphne (runstack, web only with REDIS_URL) + one Celery worker on the test database.
-
-    Yields "127.0.0.1:<port>"; both processes are stopped when the block ends.
-    """
+def worker_command(name: str) -> list[str]:
+    """A real `celery -A config worker` (threads pool), uniquely named so tests never share one."""
     import uuid
 
-    env = database_env_for_workers()
-    port = free_port()
-    web_log, worker_log = log_dir / f"web{tag}.log", log_dir / f"worker{tag}.log"
-    worker_cmd = [
+    return [
         sys.executable,
         "-m",
         "celery",
@@ -126,13 +119,39 @@ def web_and_worker(log_dir: Path, tag: str = "") -> Iterator[str]:
         "--loglevel",
         "INFO",
         "--hostname",
-        f"w{tag}-{uuid.uuid4().hex[:8]}@%h",
+        f"{name}-{uuid.uuid4().hex[:8]}@%h",
         "--without-mingle",
         "--without-gossip",
     ]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, log_path: Path, deadline_s: float = 30) -> None:
+    """Block until something accepts TCP connections on 127.0.0.1:port (fail with the log if it dies)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"process exited with {proc.returncode}:\n{log_path.read_text(errors='replace')}"
+            )
+        time.sleep(0.05)
+    raise AssertionError(f"nothing accepted on port {port}:\n{log_path.read_text(errors='replace')}")
+
+
+@contextmanager
+def web_and_worker(log_dir: Path, tag: str = "") -> Iterator[str]:
+    """daphne (runstack, web only with REDIS_URL) + one Celery worker on the test database.
+
+    Yields "127.0.0.1:<port>"; both processes are stopped when the block ends.
+    """
+    env = database_env_for_workers()
+    port = free_port()
+    web_log, worker_log = log_dir / f"web{tag}.log", log_dir / f"worker{tag}.log"
     with (
         running([sys.executable, "manage.py", "runstack", "--port", str(port)], env, web_log) as web,
-        running(worker_cmd, env, worker_log),
+        running(worker_command(f"w{tag}"), env, worker_log),
     ):
         wait_for_http(f"http://127.0.0.1:{port}/healthz", web, web_log)
         yield f"127.0.0.1:{port}"

@@ -3,7 +3,6 @@ PostgreSQL, a real WebSocket client, and the scripted model server on loopback."
 
 import json
 import sys
-import uuid
 
 import httpx2 as httpx
 import pytest
@@ -12,7 +11,7 @@ from websockets.sync.client import connect
 from sessions_app.models import ModelCall, SessionEvent, Turn
 from tests.support.model_server import text_reply, tool_call, tool_reply
 
-from .processes import database_env_for_workers, free_port, running, wait_for_http
+from .processes import database_env_for_workers, free_port, running, wait_for_port, web_and_worker
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 
@@ -20,33 +19,8 @@ pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def stack(tmp_path):
     """Web (daphne via runstack, web only with REDIS_URL) and one worker, on the test database."""
-    env = database_env_for_workers()
-    port = free_port()
-    web_log, worker_log = tmp_path / "web.log", tmp_path / "worker.log"
-    worker_cmd = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "config",
-        "worker",
-        "--pool",
-        "threads",
-        "--concurrency",
-        "4",
-        "--loglevel",
-        "INFO",
-        "--hostname",
-        f"live-{uuid.uuid4().hex[:8]}@%h",
-        "--without-mingle",
-        "--without-gossip",
-    ]
-    with (
-        running([sys.executable, "manage.py", "runstack", "--port", str(port)], env, web_log) as web,
-        running(worker_cmd, env, worker_log),
-    ):
-        wait_for_http(f"http://127.0.0.1:{port}/healthz", web, web_log)
-        yield f"127.0.0.1:{port}"
+    with web_and_worker(tmp_path) as address:
+        yield address
 
 
 def _api(stack, key):
@@ -161,8 +135,6 @@ def test_a_secret_in_an_mcp_header_and_shell_env_never_surfaces(
 ):
     """The tools receive the secret; no row, event, evidence, frame, log line or later model request shows it."""
     import base64
-    import socket
-    import time
 
     from sessions_app.models import Message, ModelCall
     from sessions_app.runtime import engine
@@ -176,12 +148,7 @@ def test_a_secret_in_an_mcp_header_and_shell_env_never_surfaces(
     mcp_log = tmp_path / "mcp.log"
     example = [sys.executable, "-m", "tools_app.mcp.example_server", "--http", "--port", str(port)]
     with running(example, database_env_for_workers(), mcp_log) as mcp_proc:
-        for _ in range(200):
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert mcp_proc.poll() is None, mcp_log.read_text()
-            time.sleep(0.05)
+        wait_for_port(port, mcp_proc, mcp_log)
         server = add_server(
             tenant_a,
             "example",

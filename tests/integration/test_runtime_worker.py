@@ -1,10 +1,8 @@
 """The runtime on the real stack: REST in this process, a separate Celery worker over Redis,
 PostgreSQL, and the scripted model server on loopback."""
 
-import sys
 import threading
 import time
-import uuid
 
 import pytest
 from django.db import connection
@@ -13,7 +11,7 @@ from sessions_app.models import RunnerSlice, Session, SessionEvent, Turn
 from tests.runtime.helpers import assert_gap_free, assert_tool_pairs
 from tests.support.model_server import text_reply, tool_call, tool_reply
 
-from .processes import database_env_for_workers, running
+from .processes import database_env_for_workers, running, worker_command
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 
@@ -21,25 +19,7 @@ pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def worker(tmp_path):
     log = tmp_path / "worker.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "config",
-        "worker",
-        "--pool",
-        "threads",
-        "--concurrency",
-        "4",
-        "--loglevel",
-        "INFO",
-        "--hostname",
-        f"rt-{uuid.uuid4().hex[:8]}@%h",
-        "--without-mingle",
-        "--without-gossip",
-    ]
-    with running(cmd, database_env_for_workers(), log) as proc:
+    with running(worker_command("rt"), database_env_for_workers(), log) as proc:
         proc.log_path = log
         yield proc
 

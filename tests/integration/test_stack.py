@@ -10,7 +10,15 @@ from django.core.cache import cache
 
 from config.celery import PING_CACHE_PREFIX, ping
 
-from .processes import database_env_for_workers, embedded_env, free_port, manage, running, wait_for_http
+from .processes import (
+    database_env_for_workers,
+    embedded_env,
+    free_port,
+    manage,
+    running,
+    wait_for_http,
+    worker_command,
+)
 
 
 def test_runstack_serves_web_and_runs_tasks_in_process(tmp_path):
@@ -112,25 +120,7 @@ def test_ping_runs_on_a_separate_celery_worker_over_redis(tmp_path, settings):
     """Production mode: a task sent through Redis is consumed by a separate `celery worker` process."""
     assert settings.CELERY_BROKER_URL.startswith("redis://")
     log = tmp_path / "worker.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "config",
-        "worker",
-        "--pool",
-        "threads",
-        "--concurrency",
-        "2",
-        "--loglevel",
-        "INFO",
-        "--hostname",
-        f"ping-{uuid.uuid4().hex[:8]}@%h",
-        "--without-mingle",
-        "--without-gossip",
-    ]
-    with running(cmd, database_env_for_workers(), log) as proc:
+    with running(worker_command("ping"), database_env_for_workers(), log) as proc:
         nonce = uuid.uuid4().hex
         ping.delay(nonce)
         deadline = time.monotonic() + 60

@@ -27,7 +27,9 @@ def assert_error_shape(response, status: int, code: str | None = None) -> dict:
     assert set(body) == {"error"}, f"error body must hold only 'error': {body}"
     error = body["error"]
     assert set(error) == {"code", "message", "details"}, f"bad error object: {error}"
-    assert isinstance(error["code"], str) and _SNAKE_CASE.match(error["code"]), f"code not snake_case: {error}"
+    assert isinstance(error["code"], str) and _SNAKE_CASE.match(error["code"]), (
+        f"code not snake_case: {error}"
+    )
     assert isinstance(error["message"], str) and error["message"].strip(), f"empty message: {error}"
     assert isinstance(error["details"], dict), f"details must be an object: {error}"
     if code is not None:
@@ -59,7 +61,9 @@ def result_ids(client, list_url: str, max_pages: int = 20) -> list:
     ids, url = [], list_url
     for _ in range(max_pages):
         response = client.get(url)
-        assert response.status_code == 200, f"list {url} answered {response.status_code}: {response.content[:300]!r}"
+        assert response.status_code == 200, (
+            f"list {url} answered {response.status_code}: {response.content[:300]!r}"
+        )
         body = response.json()
         rows = body["results"] if isinstance(body, dict) else body
         ids.extend(row["id"] for row in rows)
@@ -114,12 +118,20 @@ class TenantIsolationContract:
         assert_requires_auth(api_anonymous, self.list_url)
 
     def test_it_requires_auth_for_an_object(self, api_anonymous, tenant_a_object):
-        assert_requires_auth(api_anonymous, self.detail_url(tenant_a_object), methods=self.detail_methods,
-                             data=self.update_data)
+        assert_requires_auth(
+            api_anonymous,
+            self.detail_url(tenant_a_object),
+            methods=self.detail_methods,
+            data=self.update_data,
+        )
 
     def test_it_answers_404_for_another_tenants_object(self, api_outsider_b, tenant_a_object):
-        assert_cross_tenant_404(api_outsider_b, self.detail_url(tenant_a_object), methods=self.detail_methods,
-                                data=self.update_data)
+        assert_cross_tenant_404(
+            api_outsider_b,
+            self.detail_url(tenant_a_object),
+            methods=self.detail_methods,
+            data=self.update_data,
+        )
 
     def test_it_leaves_another_tenants_object_out_of_the_list(self, api_outsider_b, tenant_a_object):
         assert_list_excludes(api_outsider_b, self.list_url, tenant_a_object.pk)

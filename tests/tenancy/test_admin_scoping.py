@@ -16,15 +16,6 @@ ADMIN = "/admin/tenancy_app"
 KEY_IN_MESSAGE = re.compile(r"\bxak_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}")
 
 
-@pytest.fixture(autouse=True)
-def _static_files_without_manifest(settings):
-    # Production mode serves collectstatic's manifest, which a test run never builds.
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    }
-
-
 def admin_client(user) -> Client:
     client = Client()
     client.force_login(user)
@@ -84,7 +75,12 @@ class TestTenantAdminChangelists:
         assert "bravo" not in html and "outsider_b" not in html
 
     def test_the_admin_index_and_forms_never_name_tenant_b(self, tenant_admin, rows, tenant_a):
-        for url in ("/admin/", f"{ADMIN}/apikey/add/", f"{ADMIN}/membership/add/", f"{ADMIN}/tenant/{tenant_a.pk}/change/"):
+        for url in (
+            "/admin/",
+            f"{ADMIN}/apikey/add/",
+            f"{ADMIN}/membership/add/",
+            f"{ADMIN}/tenant/{tenant_a.pk}/change/",
+        ):
             response = tenant_admin.get(url)
             assert response.status_code == 200, url
             html = response.content.decode().lower()
@@ -178,7 +174,9 @@ class TestApiKeyAddForm:
 
     def test_it_shows_the_new_key_once_and_stores_only_its_hash(self, tenant_admin, rows, tenant_a, member_a):
         response = tenant_admin.post(
-            f"{ADMIN}/apikey/add/", {"tenant": tenant_a.pk, "user": member_a.pk, "name": "from-admin"}, follow=True
+            f"{ADMIN}/apikey/add/",
+            {"tenant": tenant_a.pk, "user": member_a.pk, "name": "from-admin"},
+            follow=True,
         )
 
         assert response.status_code == 200

@@ -52,7 +52,12 @@ class TestHashing:
         response = api_member_a.post(API_KEYS, {"name": "laptop"}, format="json")
 
         me = bearer(response.json()["key"]).get(ME).json()
-        assert (me["username"], me["tenant"]["slug"], me["role"], me["auth"]) == ("member_a", "acme", "member", "api_key")
+        assert (me["username"], me["tenant"]["slug"], me["role"], me["auth"]) == (
+            "member_a",
+            "acme",
+            "member",
+            "api_key",
+        )
 
     def test_it_ignores_attempts_to_issue_a_key_for_someone_else(self, api_member_a, owner_a, outsider_b):
         response = api_member_a.post(
@@ -103,7 +108,9 @@ class TestRevocation:
         error = assert_error_shape(bearer(plaintext).get(ME), 401, "authentication_failed")
         assert "revoked" in error["message"].lower()
 
-    def test_it_accepts_revoking_twice_and_keeps_the_first_revocation_time(self, api_owner_a, owner_a, tenant_a):
+    def test_it_accepts_revoking_twice_and_keeps_the_first_revocation_time(
+        self, api_owner_a, owner_a, tenant_a
+    ):
         key, _ = issue_key(tenant_a, owner_a, "twice")
 
         assert api_owner_a.delete(detail(key)).status_code == 204
@@ -268,7 +275,9 @@ class TestCreateApiKeyCommand:
         "tenant, user, complaint",
         [("nope", "owner_a", "nope"), ("acme", "ghost", "ghost"), ("bravo", "owner_a", "not a member")],
     )
-    def test_it_refuses_unknown_tenants_users_and_non_members(self, owner_a, tenant_b, tenant, user, complaint):
+    def test_it_refuses_unknown_tenants_users_and_non_members(
+        self, owner_a, tenant_b, tenant, user, complaint
+    ):
         with pytest.raises(CommandError, match=complaint):
             call_command("create_api_key", "--tenant", tenant, "--user", user, stdout=StringIO())
 

@@ -13,15 +13,6 @@ from tenancy_app.models import Membership, Tenant
 User = get_user_model()
 
 
-@pytest.fixture(autouse=True)
-def _static_files_without_manifest(settings):
-    # Production mode serves collectstatic's manifest, which a test run never builds.
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    }
-
-
 def run(*args, **options) -> str:
     out = StringIO()
     call_command(*args, stdout=out, stderr=StringIO(), **options)
@@ -92,7 +83,9 @@ class TestCreateUser:
         assert "Password" not in output
 
     def test_it_adds_an_existing_user_to_another_tenant(self, owner_a, tenant_b):
-        output = run("create_user", "owner_a", "--tenant", "bravo", "--role", "member", "--password", "pw-again-123")
+        output = run(
+            "create_user", "owner_a", "--tenant", "bravo", "--role", "member", "--password", "pw-again-123"
+        )
 
         assert "Updated" in output
         assert set(Membership.objects.filter(user=owner_a).values_list("tenant__slug", "role")) == {

@@ -55,7 +55,9 @@ class TestApiKeyIsolation(TenantIsolationContract):
 
     def test_tenant_b_cannot_reach_tenant_a_keys_by_any_method(self, api_outsider_b, tenant_a_object):
         assert_cross_tenant_404(
-            api_outsider_b, self.detail_url(tenant_a_object), methods=self.detail_methods,
+            api_outsider_b,
+            self.detail_url(tenant_a_object),
+            methods=self.detail_methods,
             hidden=["acme-deploy-key", "owner_a", tenant_a_object.prefix],
         )
 
@@ -82,7 +84,9 @@ class TestApiKeyIsolation(TenantIsolationContract):
         tenant_a_object.refresh_from_db()
         assert tenant_a_object.name == "acme-deploy-key"
 
-    def test_tenant_b_lists_its_own_keys_and_none_of_tenant_a(self, api_outsider_b, api_owner_a, api_member_a):
+    def test_tenant_b_lists_its_own_keys_and_none_of_tenant_a(
+        self, api_outsider_b, api_owner_a, api_member_a
+    ):
         listed = assert_list_excludes(api_outsider_b, API_KEYS, key_row(api_owner_a).pk)
 
         assert key_row(api_member_a).pk not in listed
@@ -93,7 +97,11 @@ class TestMe:
     def test_it_reports_the_keys_tenant(self, api_owner_a, api_outsider_b):
         mine, theirs = api_owner_a.get(ME).json(), api_outsider_b.get(ME).json()
 
-        assert (mine["username"], mine["tenant"], mine["role"]) == ("owner_a", {"slug": "acme", "name": "Acme"}, "owner")
+        assert (mine["username"], mine["tenant"], mine["role"]) == (
+            "owner_a",
+            {"slug": "acme", "name": "Acme"},
+            "owner",
+        )
         assert (theirs["username"], theirs["tenant"]["slug"]) == ("outsider_b", "bravo")
 
     def test_anonymous_callers_get_401(self, api_anonymous, tenant_a):
@@ -138,7 +146,9 @@ class TestSessionTenantChoice:
 
         assert (me["tenant"]["slug"], me["auth"]) == ("acme", "session")
 
-    def test_the_x_tenant_header_picks_a_tenant_the_user_belongs_to(self, owner_a_also_in_b, outsider_b, tenant_b):
+    def test_the_x_tenant_header_picks_a_tenant_the_user_belongs_to(
+        self, owner_a_also_in_b, outsider_b, tenant_b
+    ):
         bravo_key, _ = issue_key(tenant_b, outsider_b, "outsider")
         client = logged_in(owner_a_also_in_b)
 
@@ -146,7 +156,9 @@ class TestSessionTenantChoice:
 
         assert (me["tenant"]["slug"], me["role"]) == ("bravo", "member")
         # A member of bravo sees only their own keys there, not the bravo owner's.
-        assert bravo_key.pk not in [r["id"] for r in client.get(API_KEYS, HTTP_X_TENANT="bravo").json()["results"]]
+        assert bravo_key.pk not in [
+            r["id"] for r in client.get(API_KEYS, HTTP_X_TENANT="bravo").json()["results"]
+        ]
 
     def test_the_x_tenant_header_cannot_pick_a_foreign_tenant(self, owner_a, api_outsider_b, tenant_b):
         bravo_key = key_row(api_outsider_b)
@@ -158,7 +170,9 @@ class TestSessionTenantChoice:
         listing = client.get(API_KEYS, HTTP_X_TENANT="bravo")
         assert bravo_key.pk not in [row["id"] for row in listing.json()["results"]]
         assert_error_shape(client.get(f"{API_KEYS}{bravo_key.pk}/", HTTP_X_TENANT="bravo"), 404, "not_found")
-        assert_error_shape(client.delete(f"{API_KEYS}{bravo_key.pk}/", HTTP_X_TENANT="bravo"), 404, "not_found")
+        assert_error_shape(
+            client.delete(f"{API_KEYS}{bravo_key.pk}/", HTTP_X_TENANT="bravo"), 404, "not_found"
+        )
         created = client.post(API_KEYS, {"name": "x"}, format="json", HTTP_X_TENANT="bravo")
         assert bearer(created.json()["key"]).get(ME).json()["tenant"]["slug"] == "acme"
 
@@ -192,6 +206,8 @@ class TestSessionTenantChoice:
         # make_member re-saves the user (new password hash), so log in with the fresh row.
         client = logged_in(make_member(charlie, "owner_a", Role.ADMIN))
 
-        slugs = {slug: client.get(ME, HTTP_X_TENANT=slug).json()["role"] for slug in ("acme", "bravo", "charlie")}
+        slugs = {
+            slug: client.get(ME, HTTP_X_TENANT=slug).json()["role"] for slug in ("acme", "bravo", "charlie")
+        }
 
         assert slugs == {"acme": "owner", "bravo": "member", "charlie": "admin"}

@@ -135,7 +135,9 @@ class TestSessionCookie:
         "origin", [b"http://evil.example", b"http://localhost.evil.example", b"null", b"not a url"]
     )
     async def test_a_cookie_from_a_foreign_origin_is_refused(self, owner_a_cookie, origin):
-        await assert_refused(headers=[(b"origin", origin), (b"host", b"localhost"), cookie_header(owner_a_cookie)])
+        await assert_refused(
+            headers=[(b"origin", origin), (b"host", b"localhost"), cookie_header(owner_a_cookie)]
+        )
 
     async def test_a_cookie_without_an_origin_is_refused(self, owner_a_cookie):
         await assert_refused(headers=[(b"host", b"localhost"), cookie_header(owner_a_cookie)])

@@ -13,15 +13,6 @@ from ..factories import PASSWORD, TenantFactory, UserFactory, make_member
 LOGIN = "/accounts/login/"
 
 
-@pytest.fixture(autouse=True)
-def _static_files_without_manifest(settings):
-    # Production mode serves collectstatic's manifest, which a test run never builds.
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    }
-
-
 def logged_in(user) -> Client:
     client = Client()
     client.force_login(user)
@@ -68,8 +59,12 @@ class TestLogin:
         assert client.get("/").status_code == 302
 
     def test_login_honours_a_local_next_only(self, owner_a):
-        local = Client().post(f"{LOGIN}?next=/admin/", {"username": "owner_a", "password": PASSWORD, "next": "/admin/"})
-        foreign = Client().post(LOGIN, {"username": "owner_a", "password": PASSWORD, "next": "https://evil.example/"})
+        local = Client().post(
+            f"{LOGIN}?next=/admin/", {"username": "owner_a", "password": PASSWORD, "next": "/admin/"}
+        )
+        foreign = Client().post(
+            LOGIN, {"username": "owner_a", "password": PASSWORD, "next": "https://evil.example/"}
+        )
 
         assert local["Location"] == "/admin/"
         assert foreign["Location"] == "/"
@@ -156,7 +151,8 @@ class TestTenantSwitch:
         assert shown_tenant(client) == "bravo"
 
     @pytest.mark.parametrize(
-        "next_url, expected", [("/admin/", "/admin/"), ("https://evil.example/", "/"), ("//evil.example/", "/")]
+        "next_url, expected",
+        [("/admin/", "/admin/"), ("https://evil.example/", "/"), ("//evil.example/", "/")],
     )
     def test_it_redirects_only_to_local_pages(self, owner_a_in_b, next_url, expected):
         response = logged_in(owner_a_in_b).post("/tenants/switch/", {"tenant": "bravo", "next": next_url})
