@@ -17,7 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from tenancy_app.access import admin_tenant_ids
-from tenancy_app.admin import TenantScopedAdmin
+from tenancy_app.admin import ReadOnlyTenantScopedAdmin, TenantScopedAdmin
 from tenancy_app.models import Tenant
 
 from .models import PendingApproval
@@ -218,7 +218,7 @@ class CallProbeForm(forms.Form):
 
 
 @admin.register(PendingApproval)
-class PendingApprovalAdmin(TenantScopedAdmin):
+class PendingApprovalAdmin(ReadOnlyTenantScopedAdmin):
     """Read-only: an approval is decided through sessions_app, which also resumes the Session."""
 
     list_display = ["tool", "session_id", "status", "risk", "requested_at", "decided_by", "decided_at"]
@@ -256,12 +256,3 @@ class PendingApprovalAdmin(TenantScopedAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         return self.get_fields(request, obj)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False

@@ -1,9 +1,10 @@
-"""Admin for model configurations (editable) and read-only views of Session evidence."""
+"""Admin for model configurations (editable) and read-only views of Session evidence
+(a projection: admins read it, only the runtime writes it)."""
 
 from django import forms
 from django.contrib import admin
 
-from tenancy_app.admin import TenantScopedAdmin
+from tenancy_app.admin import ReadOnlyTenantScopedAdmin, TenantScopedAdmin
 from tenancy_app.crypto import encrypt
 
 from .models import Input, Message, ModelCall, ModelConfig, Session, SessionEvent
@@ -67,46 +68,33 @@ class ModelConfigAdmin(TenantScopedAdmin):
         return bool(obj.api_key_encrypted)
 
 
-class ReadOnlyAdmin(TenantScopedAdmin):
-    """Evidence is a projection: admins read it, only the runtime writes it."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
 @admin.register(Session)
-class SessionAdmin(ReadOnlyAdmin):
+class SessionAdmin(ReadOnlyTenantScopedAdmin):
     list_display = ["id", "title", "tenant", "owner", "kind", "status", "created_at", "archived_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "status", "kind"]
     search_fields = ["title", "session_goal", "phase_goal"]
 
 
 @admin.register(Input)
-class InputAdmin(ReadOnlyAdmin):
+class InputAdmin(ReadOnlyTenantScopedAdmin):
     list_display = ["id", "session", "kind", "status", "created_at", "consumed_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "kind", "status"]
 
 
 @admin.register(Message)
-class MessageAdmin(ReadOnlyAdmin):
+class MessageAdmin(ReadOnlyTenantScopedAdmin):
     list_display = ["id", "session", "role", "tool_name", "is_error", "created_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "role"]
 
 
 @admin.register(SessionEvent)
-class SessionEventAdmin(ReadOnlyAdmin):
+class SessionEventAdmin(ReadOnlyTenantScopedAdmin):
     list_display = ["session", "seq", "type", "created_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "type"]
 
 
 @admin.register(ModelCall)
-class ModelCallAdmin(ReadOnlyAdmin):
+class ModelCallAdmin(ReadOnlyTenantScopedAdmin):
     list_display = [
         "id",
         "session",

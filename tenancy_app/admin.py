@@ -89,6 +89,19 @@ class TenantScopedAdmin(admin.ModelAdmin):
         return field
 
 
+class ReadOnlyTenantScopedAdmin(TenantScopedAdmin):
+    """For evidence and audit rows: admins read them, only their owner's operations write them."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 def _tenant_field(model):
     try:
         field = model._meta.get_field("tenant")
