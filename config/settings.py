@@ -98,7 +98,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served from our own static files: /api/docs/ works offline
     "channels",
+    "axes",
     "tenancy_app",
     "approvals_app",
     "skills_app",
@@ -108,13 +110,26 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    # WhiteNoise that also runs async: with every middleware async-capable, a waiting long poll
+    # occupies no thread (sessions_app/api/longpoll.py).
+    "config.static_middleware.AsyncWhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # /api/ only: 413 for declared oversized bodies, 400 for NUL in the path/query, JSON 404s
+    # even with DEBUG on. Before CommonMiddleware so its slash redirect never sees an API POST.
+    "config.middleware.ApiRequestGuardMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its lockout answer.
+    "axes.middleware.AxesMiddleware",
+]
+
+AUTHENTICATION_BACKENDS = [
+    # Counts failed logins and refuses further attempts once the limit is reached.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -185,7 +200,12 @@ else:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": "xagent:channels"},
+            # redis-py's default read timeout (5 s) equals channels_redis's blocking-pop timeout
+            # (5 s), so an idle receive could fail with "Timeout reading"; give reads headroom.
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+                "prefix": "xagent:channels",
+            },
         }
     }
 
@@ -223,6 +243,15 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 LOGIN_URL = "/accounts/login/"
+
+# Login throttling (django-axes): after AXES_FAILURE_LIMIT failures for one username from one
+# address, that pair is locked out for AXES_COOLOFF_TIME hours. Counters live in the database.
+AXES_FAILURE_LIMIT = _positive_int("AXES_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = _read("AXES_COOLOFF_TIME", env.float, 0.25)  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+AXES_LOCKOUT_TEMPLATE = "registration/lockout.html"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
@@ -295,9 +324,21 @@ if XAGENT_MAX_OUTPUT_TOKENS >= XAGENT_CONTEXT_WINDOW:
     raise ImproperlyConfigured(
         "Invalid value for environment variable XAGENT_MAX_OUTPUT_TOKENS: must be smaller than XAGENT_CONTEXT_WINDOW"
     )
+# Outbound guard (tools_app/net.py): tenant-configured endpoints (Streamable HTTP MCP servers,
+# model base URLs) may not reach loopback, link-local, private, multicast or metadata addresses
+# unless the operator lists the host here ("host" or "host:port", comma-separated).
+XAGENT_OUTBOUND_ALLOWED_HOSTS = _read("XAGENT_OUTBOUND_ALLOWED_HOSTS", env.list, [])
 XAGENT_WORKSPACES_DIR = Path(_read("XAGENT_WORKSPACES_DIR", env.str, str(VAR_DIR / "workspaces")))
 
 # --- REST framework ----------------------------------------------------------------------------
+
+# Request limits: a body over DATA_UPLOAD_MAX_MEMORY_SIZE answers 413 `payload_too_large`;
+# JSON nested deeper than XAGENT_JSON_MAX_DEPTH answers 400.
+DATA_UPLOAD_MAX_MEMORY_SIZE = _positive_int("XAGENT_MAX_BODY_BYTES", 2_621_440)
+XAGENT_JSON_MAX_DEPTH = _positive_int("XAGENT_JSON_MAX_DEPTH", 32)
+# Long polls (`GET …/events/?wait=`) hold no database connection while waiting; this bounds
+# how many one API key (or browser user) may hold open at once. Beyond it: 429 `throttled`.
+XAGENT_LONG_POLL_MAX_PER_KEY = _positive_int("XAGENT_LONG_POLL_MAX_PER_KEY", 10)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -309,12 +350,21 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "config.api.CursorPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "config.api.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Documents each operation's error responses (the CONTRACT `Error` shape) in the schema.
+    "DEFAULT_SCHEMA_CLASS": "config.schema.AutoSchema",
+    # JSON only, with a nesting-depth limit. An upload view sets its own MultiPartParser: daphne
+    # answers a malformed multipart body itself, outside our error shape.
+    "DEFAULT_PARSER_CLASSES": ["config.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # Per API key (or per browser user when no key is used); 429 `throttled` beyond the rate.
+    "DEFAULT_THROTTLE_CLASSES": ["tenancy_app.throttling.ApiKeyRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        "api_key": _read("XAGENT_THROTTLE_RATE", env.str, "1200/min"),
+    },
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "xAgent workspace API",
@@ -326,6 +376,9 @@ SPECTACULAR_SETTINGS = {
     # The schema describes the API, not any tenant's data: integrators read it before they have a key.
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- logging -----------------------------------------------------------------------------------

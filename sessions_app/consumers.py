@@ -12,12 +12,20 @@ from channels.db import database_sync_to_async
 
 from tenancy_app.ws import CLOSE_NOT_FOUND, TenantScopedConsumer
 
-from .choices import InputKind
+from .api.serializers import DecisionFrameSerializer, InputCreateSerializer
 from .models import Session, SessionEvent
 from .runtime import brain
 from .runtime.events import session_group
 
 BACKLOG_PAGE = 500
+MAX_SEQ = 2**63 - 1
+
+
+def _first_error(errors: dict) -> str:
+    for field, messages in errors.items():
+        first = messages[0] if isinstance(messages, list) and messages else messages
+        return f"{field}: {first}"
+    return ""
 
 
 class SessionConsumer(TenantScopedConsumer):
@@ -28,7 +36,7 @@ class SessionConsumer(TenantScopedConsumer):
             await self.close(code=CLOSE_NOT_FOUND)
             return
         try:
-            self.last_seq = max(int(self._query("after") or 0), 0)
+            self.last_seq = min(max(int(self._query("after") or 0), 0), MAX_SEQ)
         except ValueError:
             self.last_seq = 0
         self.group = session_group(self.session.pk)
@@ -69,19 +77,19 @@ class SessionConsumer(TenantScopedConsumer):
     async def receive_json(self, content, **kwargs):
         kind = content.get("type") if isinstance(content, dict) else None
         if kind == "input":
-            text = content.get("text")
-            input_kind = content.get("kind") or InputKind.MESSAGE
-            if (
-                not isinstance(text, str)
-                or not text.strip()
-                or input_kind not in (InputKind.MESSAGE, InputKind.GUIDANCE)
-            ):
-                await self._reply_error(
-                    "invalid_input", "An input frame needs a non-empty `text` and kind message/guidance."
+            # The same serializer, limits and owner operation as POST /sessions/{id}/inputs/.
+            body = InputCreateSerializer(data=content)
+            if not body.is_valid():
+                await self.send_error(
+                    "validation_error", "The input frame is not valid; see details.", details=body.errors
                 )
                 return
             created, _ = await database_sync_to_async(brain.submit_input)(
-                self.session, kind=input_kind, text=text, user=self.scope["user"]
+                self.session,
+                kind=body.validated_data["kind"],
+                text=body.validated_data["text"],
+                attachments=body.validated_data.get("attachments"),
+                user=self.scope["user"],
             )
             await self.send_json(
                 {"seq": None, "type": "ack", "data": {"input_id": created.pk, "status": "queued"}}
@@ -95,18 +103,16 @@ class SessionConsumer(TenantScopedConsumer):
             code, message, approval_id = await self._decide(content)
             if code:
                 # Name the approval so a client with several decisions in flight can match the answer.
-                await self._reply_error(code, message, approval_id=content.get("approval_id"))
+                approval_id = content.get("approval_id")
+                await self.send_error(
+                    code, message, approval_id=approval_id if isinstance(approval_id, int) else None
+                )
             else:
                 await self.send_json(
                     {"seq": None, "type": "ack", "data": {"approval_id": approval_id, "status": message}}
                 )
         else:
-            await self._reply_error("unknown_frame", "Frames are {type: input|interrupt|decide}.")
-
-    async def _reply_error(self, code: str, message: str, **extra):
-        await self.send_json(
-            {"seq": None, "type": "error", "data": {"code": code, "message": message, **extra}}
-        )
+            await self.send_error("unknown_frame", "Frames are {type: input|interrupt|decide}.")
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -123,15 +129,21 @@ class SessionConsumer(TenantScopedConsumer):
 
         from .runtime import approvals
 
-        decision, approval_id = content.get("decision"), content.get("approval_id")
-        if decision not in ("approve", "reject") or not isinstance(approval_id, int):
+        body = DecisionFrameSerializer(data=content)
+        if not body.is_valid():
             return (
                 "invalid_decision",
-                "A decide frame needs an integer approval_id and decision approve/reject.",
+                "A decide frame needs an integer approval_id and decision approve/reject"
+                f" (and a comment of at most 5000 characters): {_first_error(body.errors)}",
                 None,
             )
+        decision, approval_id = body.validated_data["decision"], body.validated_data["approval_id"]
+        # The same visibility filter as the REST routes: an approval this person cannot see is
+        # "not found" here too, never "permission denied" that would confirm it exists.
         approval = (
-            PendingApproval.objects.for_tenant(self.tenant)
+            approvals.visible_to(
+                PendingApproval.objects.for_tenant(self.tenant), self.scope["user"], self.membership
+            )
             .filter(pk=approval_id, session_id=self.session.pk)
             .first()
         )
@@ -139,7 +151,7 @@ class SessionConsumer(TenantScopedConsumer):
             return "not_found", "No such approval in this session.", None
         if not approvals.may_decide(approval, self.scope["user"]):
             return "permission_denied", "You may not decide this approval.", None
-        comment = content.get("comment") if isinstance(content.get("comment"), str) else ""
+        comment = body.validated_data.get("comment") or ""
         try:
             approval = approvals.submit_decision(approval, decision, user=self.scope["user"], comment=comment)
         except AlreadyDecided as exc:

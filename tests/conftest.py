@@ -39,6 +39,17 @@ def fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def fresh_rate_limits():
+    """Rate-limit counters are keyed by row ids, which repeat across rolled-back tests: start
+    each test with none (process-local cache only; Redis-mode ids do not repeat)."""
+    from django.core.cache import cache
+    from django.core.cache.backends.locmem import LocMemCache
+
+    if isinstance(cache, LocMemCache):
+        cache.clear()
+
+
 @pytest.fixture
 def tenant_a(db):
     return TenantFactory(slug="acme", name="Acme")
@@ -114,4 +125,5 @@ def model_config_a(tenant_a, model_server):
         context_window=32000,
         max_output_tokens=1024,
         is_default=True,
+        configured_by_operator=True,  # set up by the test operator: loopback is fine
     )

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from config.parsers import json_depth_exceeds, json_max_depth
 from tools_app.base import ToolContext, ToolError
 from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool_names
 from tools_app.secrets import Redactor, StreamRedactor, tenant_secret_values
@@ -158,7 +159,7 @@ class StepResult:
 def _signature(name: str, arguments: str) -> str:
     try:
         canonical = json.dumps(json.loads(arguments), sort_keys=True)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         canonical = arguments
     return hashlib.sha256(f"{name}\x00{canonical}".encode()).hexdigest()[:16]
 
@@ -431,9 +432,12 @@ def _source(outcome) -> dict | None:
 
 
 def _display_arguments(raw: str):
+    # Too deep to show as data (and to store as an event's JSON): show the start of the text.
+    if isinstance(raw, str) and json_depth_exceeds(raw, json_max_depth()):
+        return {"_raw": raw[:2000]}
     try:
         return json.loads(raw)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         return {"_raw": raw[:2000]}
 
 

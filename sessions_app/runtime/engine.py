@@ -324,14 +324,42 @@ def consume_guidance(session_id, token, turn_id: int) -> list[Message]:
 # --- history -----------------------------------------------------------------------------------
 
 
+# What the model sends is stored as it came, except NUL: PostgreSQL text and jsonb cannot hold it.
+# In a call's arguments it becomes the JSON escape (the model reads back what it sent, and
+# ToolService has refused the call at parse_arguments); in prose, U+FFFD.
+NUL = "\x00"
+
+
+def without_nul(value, replacement: str = "\ufffd"):
+    """`value` (text or JSON-like data) with every NUL in its strings and keys replaced."""
+    if isinstance(value, str):
+        return value.replace(NUL, replacement) if NUL in value else value
+    if isinstance(value, dict):
+        return {without_nul(k, replacement): without_nul(v, replacement) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_nul(item, replacement) for item in value]
+    return value
+
+
+def _stored_call(call: dict) -> dict:
+    arguments = call.get("arguments")
+    if isinstance(arguments, str) and NUL in arguments:
+        call = {**call, "arguments": arguments.replace(NUL, "\\u0000")}
+    return without_nul(call)
+
+
 def commit_assistant_message(
     session_id, token, turn_id: int, content: str, tool_calls: list[dict]
 ) -> Message:
+    tool_calls = [_stored_call(call) for call in tool_calls]
     with locked_session(session_id, token) as session:
-        return _append_message(session, Turn(pk=turn_id), Role.ASSISTANT, content, tool_calls=tool_calls)
+        return _append_message(
+            session, Turn(pk=turn_id), Role.ASSISTANT, without_nul(content), tool_calls=tool_calls
+        )
 
 
 def announce_tool_started(session_id, token, call_id: str, tool: str, arguments) -> None:
+    arguments = without_nul(arguments)
     with locked_session(session_id, token) as session:
         emit(session, "tool.started", {"call_id": call_id, "tool": tool, "arguments": arguments})
 
@@ -352,6 +380,7 @@ def commit_tool_result(
 
     `source` names where it ran when that is not this process, e.g. {"server", "tool"} for MCP.
     """
+    content, summary = without_nul(content), without_nul(summary)
     with locked_session(session_id, token) as session:
         emit(
             session,

@@ -70,7 +70,8 @@ async def test_client_frames_go_through_the_owner_operations(tenant_a, owner_a):
 
     await communicator.send_json_to({"type": "input", "text": ""})
     error = await communicator.receive_json_from(timeout=5)
-    assert error["type"] == "error" and error["data"]["code"] == "invalid_input"
+    assert error["type"] == "error" and error["error"]["code"] == "validation_error"
+    assert "text" in error["error"]["details"]
     await communicator.send_json_to({"type": "interrupt"})
     frames = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
     assert {f["type"] for f in frames} == {"ack", "input.queued"}
