@@ -6,6 +6,7 @@ from django.contrib import admin
 
 from tenancy_app.admin import ReadOnlyTenantScopedAdmin, TenantScopedAdmin
 from tenancy_app.crypto import encrypt
+from tools_app.net import OutboundRefused, check_url
 
 from .models import Input, Message, ModelCall, ModelConfig, Session, SessionEvent
 
@@ -34,6 +35,18 @@ class ModelConfigForm(forms.ModelForm):
             "is_default",
         ]
 
+    by_operator = False  # set per request by ModelConfigAdmin.get_form
+
+    def _post_clean(self):
+        super()._post_clean()  # the instance now carries the submitted base URL
+        url = self.instance.base_url
+        if self.by_operator or not url or not self.instance.operator_fields_changed():
+            return
+        try:
+            check_url(url)  # again at every connect: this is for a clear message now
+        except OutboundRefused as exc:
+            self.add_error("base_url" if "base_url" in self.fields else None, str(exc))
+
     def clean(self):
         cleaned = super().clean()
         window, output = cleaned.get("context_window"), cleaned.get("max_output_tokens")
@@ -59,9 +72,20 @@ class ModelConfigAdmin(TenantScopedAdmin):
         "max_output_tokens",
         "is_default",
         "has_key",
+        "configured_by_operator",
     ]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "is_default"]
     search_fields = ["name", "model"]
+    readonly_fields = ["configured_by_operator"]
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        form.by_operator = request.user.is_superuser
+        return form
+
+    def save_model(self, request, obj, form, change):
+        # A superuser vouches for the base URL; a tenant admin's new URL stays behind the outbound guard.
+        obj.save(by_operator=request.user.is_superuser)
 
     @admin.display(boolean=True, description="API key set")
     def has_key(self, obj):

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import models
 
 from tenancy_app.models import TenantOwnedModel
+from tools_app.models import OperatorConfigured
 
 from .choices import (
     CallPurpose,
@@ -22,12 +23,15 @@ from .choices import (
 )
 
 
-class ModelConfig(TenantOwnedModel):
+class ModelConfig(OperatorConfigured, TenantOwnedModel):
     """An OpenAI-compatible endpoint a tenant's Sessions may use.
 
     Without any row, Sessions use the environment default (OPENAI_*), and without an
-    API key there, the scripted demo model.
+    API key there, the scripted demo model. A base URL a tenant admin set passes the outbound
+    guard (`tools_app.net`) at every connect; one an operator set does not.
     """
+
+    OPERATOR_FIELDS = ("base_url",)
 
     name = models.CharField(max_length=100)
     base_url = models.URLField(max_length=500, blank=True, help_text="e.g. https://api.openai.com/v1")

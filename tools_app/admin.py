@@ -1,4 +1,9 @@
-"""Admin for tools, tool sets, MCP servers, sandbox policies and secrets (values write-only)."""
+"""Admin for tools, tool sets, MCP servers, sandbox policies and secrets (values write-only).
+
+Tenant admins are not trusted with the host (ARCHITECTURE §7): for them the command, arguments
+and environment of MCP servers are read-only, and every save goes through the owner operation
+`mcp.sync.save_server`, which refuses what only an operator may set, whatever the POST says.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from django.contrib import admin, messages
 
 from tenancy_app.admin import TenantScopedAdmin
 
+from .mcp.sync import check_server_change, save_server
 from .models import MCPServer, SandboxPolicy, Secret, Tool, ToolSet
 from .secrets import set_secret
 
@@ -54,17 +60,82 @@ class ToolAdmin(TenantScopedAdmin):
         super().save_model(request, obj, form, change)
 
 
+class MCPServerForm(forms.ModelForm):
+    by_operator = False  # set per request by MCPServerAdmin.get_form
+    url = forms.URLField(
+        required=False, max_length=500, assume_scheme="https", help_text="Streamable HTTP endpoint"
+    )
+
+    class Meta:
+        model = MCPServer
+        fields = [
+            "tenant",
+            "name",
+            "transport",
+            "command",
+            "args",
+            "env",
+            "url",
+            "headers",
+            "timeout_seconds",
+            "enabled",
+        ]
+
+    def _post_clean(self):
+        super()._post_clean()  # the instance now carries the submitted values
+        try:
+            check_server_change(self.instance, by_operator=self.by_operator)
+        except ValueError as exc:
+            self.add_error(None, str(exc))
+
+
+STDIO_FIELDS = ["command", "args", "env"]
+
+
 @admin.register(MCPServer)
 class MCPServerAdmin(TenantScopedAdmin):
-    list_display = ["name", "tenant", "transport", "enabled", "status", "last_refreshed_at", "short_error"]
+    form = MCPServerForm
+    list_display = [
+        "name",
+        "tenant",
+        "transport",
+        "enabled",
+        "configured_by_operator",
+        "status",
+        "last_refreshed_at",
+        "short_error",
+    ]
     list_filter = ["transport", "status", "enabled"]
     search_fields = ["name", "url", "command"]
-    readonly_fields = ["status", "last_error", "last_refreshed_at"]
+    readonly_fields = [
+        "status",
+        "last_error",
+        "last_refreshed_at",
+        "disabled_reason",
+        "configured_by_operator",
+    ]
     actions = ["test_and_refresh"]
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = list(self.readonly_fields)
+        if not request.user.is_superuser:
+            # A stdio command runs on the host: only operators set it (the owner operation refuses anyway).
+            fields += STDIO_FIELDS
+            if obj is not None and obj.is_stdio:
+                fields.append("transport")
+        return fields
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        form.by_operator = request.user.is_superuser
+        return form
+
+    def save_model(self, request, obj, form, change):
+        save_server(obj, by_operator=request.user.is_superuser)
 
     @admin.display(description="last error")
     def short_error(self, obj):
-        return (obj.last_error or "")[:80]
+        return (obj.disabled_reason or obj.last_error or "")[:80]
 
     @admin.action(description="Test connection and refresh tools")
     def test_and_refresh(self, request, queryset):

@@ -8,7 +8,13 @@ class ToolsConfig(AppConfig):
     def ready(self):
         from django.db.models.signals import post_migrate
 
+        from approvals_app.policy import register_tool_facts
+
+        from .catalog import policy_facts_for
+
         post_migrate.connect(_sync_native_tools, sender=self)
+        # approvals_app sits below tools_app: its "Test a call" reads a tool's facts through this port.
+        register_tool_facts(policy_facts_for)
 
 
 def _sync_native_tools(sender, **kwargs):

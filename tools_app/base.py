@@ -78,6 +78,9 @@ class Tool:
     risk: Risk = Risk.READ
     read_only: bool = False
     idempotent: bool = False
+    # Top-level arguments whose strings may carry `{{secret:NAME}}` (resolved at execution);
+    # a reference anywhere else is refused by ToolService's inject_secrets stage.
+    secret_fields: tuple[str, ...] = ()
 
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:  # pragma: no cover - interface
         raise NotImplementedError

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 
-from django.db.models import Q
+from django.db.models import Prefetch, Q
 
 from .base import Tool as ToolImpl
 from .models import Readiness, Tool, ToolSet, ToolSource
@@ -71,7 +71,7 @@ def resolve_available(tenant_id: int, tool_names, toolset_names) -> dict[str, To
             | Q(toolsets__name__in=list(toolset_names), toolsets__tenant_id__in=[tenant_id, None])
         )
         .select_related("mcp_server")
-        .prefetch_related("toolsets")
+        .prefetch_related(_tenant_toolsets(tenant_id))
         .distinct()
     )
     available: dict[str, ToolImpl] = {name: NATIVE_TOOLS[name] for name in default_tool_names()}
@@ -80,6 +80,46 @@ def resolve_available(tenant_id: int, tool_names, toolset_names) -> dict[str, To
         if impl is not None:
             available[row.name] = impl
     return available
+
+
+def _tenant_toolsets(tenant_id: int) -> Prefetch:
+    # A global tool may sit in tool sets of several tenants; a tenant's approval rules see only its own.
+    return Prefetch("toolsets", queryset=ToolSet.objects.for_tenant(tenant_id))
+
+
+def resolve_one(tenant_id: int, name: str) -> ToolImpl | None:
+    """The tool a Session of this tenant would get for `name` (as in `resolve_available`), or None."""
+    rows = (
+        Tool.objects.for_tenant(tenant_id)
+        .filter(name=name)
+        .select_related("mcp_server")
+        .prefetch_related(_tenant_toolsets(tenant_id))
+    )
+    for row in sorted(rows, key=lambda r: r.tenant_id is None):  # the tenant's row wins
+        return _implementation(row)
+    return NATIVE_TOOLS.get(name)
+
+
+def policy_facts(tool: ToolImpl):
+    """What approval rules may match on besides the arguments. The runtime's approval stage and the
+    admin's "Test a call" both use this, so the two cannot disagree."""
+    from approvals_app.policy import CallFacts
+
+    server = getattr(tool, "server_name", "") or ""
+    return CallFacts(
+        name=tool.name,
+        source="mcp" if server else "native",
+        risk=str(tool.risk),
+        toolsets=tuple(getattr(tool, "toolsets", ()) or ()),
+        server=server,
+        remote_name=getattr(tool, "remote_name", "") or "",
+    )
+
+
+def policy_facts_for(tenant_id: int, name: str):
+    """`policy_facts` of the tenant's tool called `name`; None if it has none (registered with approvals)."""
+    tool = resolve_one(tenant_id, name)
+    return policy_facts(tool) if tool is not None else None
 
 
 def sandbox_limits_for(tenant_id: int):

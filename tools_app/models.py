@@ -8,6 +8,7 @@ means "this tenant's rows plus the global ones".
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
@@ -57,7 +58,59 @@ class TenantOrGlobalModel(models.Model):
         abstract = True
 
 
-class MCPServer(TenantOwnedModel):
+class OperatorConfigured(models.Model):
+    """A row whose destination only an operator may vouch for (ARCHITECTURE §7, trust boundary).
+
+    `configured_by_operator` is set only by operator paths (superusers in admin, manage.py),
+    through `save(by_operator=True)`. Any other save that changes one of `OPERATOR_FIELDS`
+    of a loaded row clears it, so the row falls back to the tenant rules (no stdio command,
+    outbound guard on URLs). A bulk `.update()` is the one thing that bypasses this.
+    """
+
+    OPERATOR_FIELDS: tuple[str, ...] = ()
+
+    configured_by_operator = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="Set by an operator (superuser or manage.py): trusted with the host and the network.",
+    )
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args, by_operator: bool = False, **kwargs):
+        if by_operator:
+            self.configured_by_operator = True
+        elif (
+            self.configured_by_operator
+            and getattr(self, "_operator_snapshot", None) is not None
+            and self.operator_fields_changed()
+        ):
+            self.configured_by_operator = False
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None:
+            kwargs["update_fields"] = {*update_fields, "configured_by_operator"}
+        super().save(*args, **kwargs)
+        self._operator_snapshot = self._operator_values()
+
+    @classmethod
+    def from_db(cls, db, field_names, values):
+        instance = super().from_db(db, field_names, values)
+        instance._operator_snapshot = instance._operator_values()
+        return instance
+
+    def _operator_values(self) -> dict:
+        return {name: getattr(self, name) for name in self.OPERATOR_FIELDS if name in self.__dict__}
+
+    def operator_fields_changed(self) -> bool:
+        """True for a new row, or a loaded one whose operator-only fields differ from the database."""
+        snapshot = getattr(self, "_operator_snapshot", None)
+        return snapshot is None or snapshot != self._operator_values()
+
+
+class MCPServer(OperatorConfigured, TenantOwnedModel):
+    OPERATOR_FIELDS = ("transport", "command", "args", "env", "url")
+
     class Transport(models.TextChoices):
         STDIO = "stdio", "stdio (local command)"
         STREAMABLE_HTTP = "streamable_http", "Streamable HTTP"
@@ -80,6 +133,9 @@ class MCPServer(TenantOwnedModel):
     )
     timeout_seconds = models.PositiveIntegerField(default=30)
     enabled = models.BooleanField(default=True)
+    disabled_reason = models.CharField(
+        max_length=500, blank=True, editable=False, help_text="Why the product disabled this server."
+    )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.UNKNOWN)
     last_error = models.TextField(blank=True)
     last_refreshed_at = models.DateTimeField(null=True, blank=True)
@@ -92,6 +148,10 @@ class MCPServer(TenantOwnedModel):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def is_stdio(self) -> bool:
+        return self.transport == self.Transport.STDIO
 
 
 class ToolSet(TenantOrGlobalModel):
@@ -147,6 +207,19 @@ class Tool(TenantOrGlobalModel):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self):
+        super().clean()
+        from .registry import NATIVE_TOOLS
+
+        if self.source == ToolSource.NATIVE and self.name not in NATIVE_TOOLS:
+            # A native row is the product's code; one without code would be a phantom tool.
+            raise ValidationError(
+                {
+                    "name": f"There is no native tool named {self.name!r}: native tools come with the "
+                    "product. Add tools through an MCP server instead."
+                }
+            )
 
 
 class SandboxPolicy(TenantOrGlobalModel):

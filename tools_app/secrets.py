@@ -26,6 +26,19 @@ class MissingSecret(KeyError):
     pass
 
 
+class SecretNotAllowed(ValueError):
+    """A `{{secret:NAME}}` reference outside the fields a tool declares secret-capable."""
+
+    def __init__(self, name: str, path: str, allowed: tuple[str, ...]):
+        where = ", ".join(f"$.{f}" for f in allowed) if allowed else "none: this tool takes no secrets"
+        super().__init__(
+            f"the secret reference {{{{secret:{name}}}}} at {path} is not allowed: secrets are injected "
+            f"only into this tool's secret-capable fields ({where}), never into other arguments "
+            "such as file contents"
+        )
+        self.name, self.path = name, path
+
+
 def set_secret(tenant, name: str, value: str) -> Secret:
     """Create or replace a tenant secret (the value is never stored in clear)."""
     if not value:
@@ -57,6 +70,40 @@ def resolve_refs(value, secrets: dict[str, str]):
     if isinstance(value, list):
         return [resolve_refs(v, secrets) for v in value]
     return value
+
+
+def _references(value, path: str):
+    """(name, json path) of every `{{secret:NAME}}` in the strings of `value`."""
+    if isinstance(value, str):
+        for match in SECRET_REF.finditer(value):
+            yield match.group(1), path
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _references(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _references(item, f"{path}[{index}]")
+
+
+def inject_secret_fields(args: dict, secrets: dict[str, str], secret_fields: tuple[str, ...]) -> dict:
+    """`args` with references resolved in the top-level `secret_fields` only (ARCHITECTURE §7).
+
+    Raises MissingSecret for a name the tenant has not set, and SecretNotAllowed for a
+    reference anywhere else: a secret must never be written out in plain text by, say, a
+    file write.
+    """
+    found = [(key, ref) for key, value in args.items() for ref in _references(value, f"$.{key}")]
+    for _, (name, _) in found:
+        if name not in secrets:
+            raise MissingSecret(name)
+    for key, (name, path) in found:
+        if key not in secret_fields:
+            raise SecretNotAllowed(name, path, tuple(secret_fields))
+    if not found:
+        return args
+    return {
+        key: resolve_refs(value, secrets) if key in secret_fields else value for key, value in args.items()
+    }
 
 
 def _forms(value: str) -> set[str]:

@@ -37,7 +37,9 @@ ALLOW = "allow"
 REQUIRE_APPROVAL = "require_approval"
 DENY = "deny"
 
-ApprovalHook = Callable[[Tool, dict, ToolContext], str]
+# Returns an action, or an object with `.action` and `.reason` (approvals_app.policy.Verdict):
+# a deny's reason is shown to the model and on the tool card.
+ApprovalHook = Callable[[Tool, dict, ToolContext], Any]
 
 
 class ApprovalRequired(Exception):
@@ -103,6 +105,22 @@ def _lease_for(workspace: Path) -> threading.Lock:
 
 def _allow_all(tool: Tool, args: dict, ctx: ToolContext) -> str:
     return ALLOW
+
+
+def _holds_nul(value) -> bool:
+    """Whether a NUL character is in any key or string of parsed JSON (walked without recursion)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def _cap(text: str, limit: int) -> str:
@@ -223,7 +241,7 @@ class ToolService:
             args = self._parse_arguments(raw_arguments)
             self._validate(tool, args)
             self._approval(tool, args, ctx, call_id, approved)
-            run_args = self._inject_secrets(args, ctx)
+            run_args = self._inject_secrets(tool, args, ctx)
         except _Refused as refusal:
             return self._error(call_id, name, args, refusal.stage, refusal.code, refusal.message, started)
         return _Prepared(call_id=call_id, tool=tool, args=args, started=started, run_args=run_args)
@@ -238,17 +256,19 @@ class ToolService:
             raise _Refused("readiness", "tool_not_ready", f"tool {tool.name!r} is not ready: {reason}")
 
     @staticmethod
-    def _inject_secrets(args: dict, ctx: ToolContext) -> dict:
-        """Resolve `{{secret:NAME}}` references in string arguments, at execution only."""
-        from .secrets import MissingSecret, resolve_refs
+    def _inject_secrets(tool: Tool, args: dict, ctx: ToolContext) -> dict:
+        """Resolve `{{secret:NAME}}` at execution only, and only in the tool's secret-capable fields."""
+        from .secrets import MissingSecret, SecretNotAllowed, inject_secret_fields
 
         secrets = getattr(ctx, "secrets", None) or {}
         try:
-            return resolve_refs(args, secrets)
+            return inject_secret_fields(args, secrets, tuple(getattr(tool, "secret_fields", ()) or ()))
         except MissingSecret as exc:
             raise _Refused(
                 "inject_secrets", "missing_secret", f"no secret named {exc.args[0]!r} in this tenant"
             ) from None
+        except SecretNotAllowed as exc:
+            raise _Refused("inject_secrets", "secret_not_allowed", str(exc)) from None
 
     def _resolve(self, name: str, available: dict[str, Tool]) -> Tool:
         tool = available.get(name)
@@ -276,11 +296,20 @@ class ToolService:
                 "invalid_json",
                 f"arguments are not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno} (char {exc.pos})",
             ) from exc
+        except RecursionError:
+            raise _Refused("parse_arguments", "invalid_json", "arguments are nested too deeply") from None
         if not isinstance(value, dict):
             raise _Refused(
                 "parse_arguments",
                 "invalid_arguments",
                 f"arguments must be a JSON object, got {type(value).__name__ if value is not None else 'null'}",
+            )
+        if _holds_nul(value):
+            # No tool takes NUL (paths, commands, PostgreSQL text all refuse it): say so, early.
+            raise _Refused(
+                "parse_arguments",
+                "nul_character",
+                "arguments must not contain NUL characters (\\u0000); remove them and call again",
             )
         return value
 
@@ -315,15 +344,18 @@ class ToolService:
             raise _Refused(
                 "approval", "approval_error", f"approval check failed: {type(exc).__name__}"
             ) from exc
-        if verdict == ALLOW:
+        action = str(getattr(verdict, "action", verdict))
+        if action == ALLOW:
             return
-        if verdict == REQUIRE_APPROVAL:
+        if action == REQUIRE_APPROVAL:
             if approved:
                 return
             raise ApprovalRequired(tool, args, call_id)
-        if verdict != DENY:
+        if action != DENY:
             logger.error("approval hook returned %r for tool %s; treating as deny", verdict, tool.name)
-        raise _Refused("approval", "denied", f"calling {tool.name!r} is denied by the approval policy")
+        reason = str(getattr(verdict, "reason", "") or "").strip()
+        message = f"the approval policy denies calling {tool.name!r}"
+        raise _Refused("approval", "denied", f"{message}: {reason}" if reason else message)
 
     def _run_in_thread(self, prepared: _Prepared, ctx: ToolContext) -> ToolOutcome:
         """A pool thread's run: its own database connection (tools_find reads tool rows) is closed after."""

@@ -45,16 +45,34 @@ def test_redactor_masks_plain_base64_url_encoded_and_split_values():
 
 
 def test_secrets_are_injected_at_execution_and_redacted_everywhere(session, tenant_a, model_server):
+    # Only a secret-capable field takes a reference (shell_exec's env); file contents never do.
     set_secret(tenant_a, "API_TOKEN", SECRET)
+    engine.add_selected_capabilities(session.pk, None, tools=["shell_exec"], added_by="test")
     model_server.script(
         "agent",
         tool_reply(
-            [tool_call("fs_write", {"path": "conf.txt", "content": "token={{secret:API_TOKEN}}"}, id="w")]
+            [
+                tool_call(
+                    "shell_exec",
+                    {
+                        "command": 'printf "token=%s" "$TOKEN" > conf.txt',
+                        "env": {"TOKEN": "{{secret:API_TOKEN}}"},
+                    },
+                    id="w",
+                )
+            ]
         ),
         tool_reply([tool_call("fs_read", {"path": "conf.txt"}, id="r")]),
         text_reply("configured"),
     )
     send(session, "configure the token")
+    drive_until_idle(session)
+    from approvals_app.models import PendingApproval
+    from sessions_app.runtime import approvals
+
+    approvals.submit_decision(
+        PendingApproval.objects.get(session_id=session.pk), "approve", user=session.owner
+    )
     drive_until_idle(session)
 
     # The tool really received the value...
@@ -64,7 +82,7 @@ def test_secrets_are_injected_at_execution_and_redacted_everywhere(session, tena
     assert MASK in read_back
     assert SECRET not in _every_stored_text(session)
     assert all(SECRET not in json.dumps(r.body) for r in model_server.requests_for("agent"))
-    assert Turn.objects.get(session=session).reason == "completed"
+    assert Turn.objects.filter(session=session).last().reason == "completed"
 
 
 def test_an_unknown_secret_reference_is_a_clear_tool_error(session, model_server):

@@ -1,6 +1,7 @@
 """Live streams on real processes: daphne (runstack) + a Celery worker + Redis channel layer +
 PostgreSQL, a real WebSocket client, and the scripted model server on loopback."""
 
+import hashlib
 import json
 import sys
 
@@ -166,8 +167,11 @@ def test_a_secret_in_an_mcp_header_and_shell_env_never_surfaces(
                     tool_call(
                         "shell_exec",
                         {
+                            # A secret reference is resolved only in env (secret-capable), not in
+                            # the command: compare by digest.
                             "command": 'echo "$TOKEN"; printf %s "$TOKEN" | base64; '
-                            f'test "$TOKEN" = "{"{{secret:API_TOKEN}}"}" && echo MATCH',
+                            f'test "$(printf %s "$TOKEN" | sha256sum | cut -c1-64)" = '
+                            f'"{hashlib.sha256(secret.encode()).hexdigest()}" && echo MATCH',
                             "env": {"TOKEN": "{{secret:API_TOKEN}}"},
                         },
                         id="sh",

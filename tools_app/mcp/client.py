@@ -7,6 +7,10 @@ alike. Nothing is pooled: a stdio server is started per operation and stopped af
 Every failure — refused connection, a process that exits, a timeout, a protocol error — comes
 out as one `MCPError` whose message is a human sentence naming the server and what failed.
 Messages never carry tracebacks, and any secret value injected into the connection is masked.
+
+Trust boundary (ARCHITECTURE §7): a stdio server is started only if an operator configured it,
+and a tenant-set HTTP server is reached only through the outbound guard (`tools_app.net`); for
+such a `guarded` connection, messages never repeat what the target answered.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from mcp.shared.exceptions import MCPError as SDKError
 from mcp.types import Implementation
 from pydantic import ValidationError
 
+from tools_app.net import async_guarded_transport, refusal_in
 from tools_app.secrets import MissingSecret, Redactor, resolve_refs
 
 STDIO = "stdio"
@@ -66,6 +71,8 @@ class Connection:
     headers: dict[str, str] = field(default_factory=dict, repr=False)
     timeout: float = 30.0
     secret_values: tuple[str, ...] = field(default=(), repr=False)
+    # A tenant-set HTTP endpoint: connect through the outbound guard, never echo its answers.
+    guarded: bool = False
 
     @property
     def label(self) -> str:
@@ -98,8 +105,14 @@ class ProbeCall:
 def connection_for(server, secrets: dict[str, str]) -> Connection:
     """Build the Connection for an `MCPServer` row, resolving secret references.
 
-    Raises MCPError if a referenced secret is not set for the server's tenant.
+    Raises MCPError if a referenced secret is not set for the server's tenant, or if the
+    server is a stdio one no operator configured (its command is never started).
     """
+    if server.transport == STDIO and not server.configured_by_operator:
+        raise MCPError(
+            f"MCP server {server.name!r} was not started: a stdio server runs a command on the host, "
+            "and only an operator (a superuser, or manage.py mcp_server add) may configure one."
+        )
     try:
         env = {str(k): str(v) for k, v in resolve_refs(dict(server.env or {}), secrets).items()}
         headers = {str(k): str(v) for k, v in resolve_refs(dict(server.headers or {}), secrets).items()}
@@ -131,6 +144,7 @@ def connection_for(server, secrets: dict[str, str]) -> Connection:
             headers=headers,
             timeout=timeout,
             secret_values=tuple(secrets.values()),
+            guarded=not server.configured_by_operator,
         )
     raise MCPError(f"MCP server {server.name!r} has an unknown transport {server.transport!r}.")
 
@@ -253,6 +267,8 @@ def _run(
         if response.status_code >= 400 and response.request.method == "POST":
             http_errors.append(response.status_code)
 
+    guard = async_guarded_transport() if conn.guarded else None
+
     with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as errlog:
 
         async def session() -> T:
@@ -274,6 +290,7 @@ def _run(
                                 headers=conn.headers,
                                 timeout=httpx2.Timeout(limit),
                                 event_hooks={"response": [record_status]},
+                                transport=guard,
                             )
                         )
                         transport = streamable_http_client(conn.url, http_client=http)
@@ -290,6 +307,10 @@ def _run(
         except MCPError:
             raise
         except Exception as exc:  # every failure becomes one sentence
+            refused = guard.refusals[0] if guard is not None and guard.refusals else refusal_in(exc)
+            if refused is not None:
+                where = f"{conn.label} at {_public_url(conn.url)}"
+                raise MCPError(redactor.redact(f"{where} was not contacted: {refused}")) from None
             status = http_errors[0] if http_errors else None
             message = _describe(conn, doing, _leaf(exc), limit, _stderr_tail(errlog), status)
             raise MCPError(redactor.redact(message)) from None
@@ -355,6 +376,13 @@ def _describe(
 ) -> str:
     where = f"{conn.label} at {_public_url(conn.url)}" if conn.transport == STREAMABLE_HTTP else conn.label
     said = f" Its last error output: {stderr}" if stderr else ""
+    answered = http_status is not None or isinstance(exc, SDKError | httpx2.HTTPStatusError | ValidationError)
+    if conn.guarded and answered:
+        # A tenant-set endpoint: what it answered is not repeated (no oracle into other hosts).
+        return (
+            f"{where} did not complete the MCP exchange while {doing} "
+            "(the answers of tenant-configured endpoints are not shown)."
+        )
     if http_status is not None and isinstance(exc, SDKError | httpx2.HTTPError):
         return f"{where} answered HTTP {http_status}{HTTP_HINTS.get(http_status, '')} while {doing}."
     if isinstance(exc, TimeoutError | httpx2.TimeoutException):

@@ -1,7 +1,8 @@
-"""Owner operations for MCP servers: adding one, and refreshing the Tool rows it provides.
+"""Owner operations for MCP servers: adding or changing one, and refreshing the Tool rows it provides.
 
-This module owns `MCPServer.status` / `last_error` / `last_refreshed_at` and the MCP-sourced
-`Tool` rows. The admin action "test connection and refresh tools", the `mcp_server` command
+This module owns `MCPServer.status` / `last_error` / `last_refreshed_at`, who may set what on a
+server (`check_server_change`: stdio commands are operator-only, tenant URLs pass the outbound
+guard) and the MCP-sourced `Tool` rows. The admin (form and action), the `mcp_server` command
 and `MCPTool` all go through it.
 
 Risk and flags of a tool are derived from the server's annotations only when its row is
@@ -22,6 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from tools_app.models import MCPServer, Readiness, Risk, Tool, ToolSource
+from tools_app.net import OutboundRefused, check_url
 from tools_app.secrets import tenant_secret_values
 
 from .client import MCPError, RemoteTool, connection_for, list_tools
@@ -201,6 +203,58 @@ def _reason(text: str) -> str:
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 1] + "…"
 
 
+# --- who may set what -----------------------------------------------------------------------
+
+STDIO_OPERATOR_ONLY = (
+    "Only an operator (a superuser, or manage.py mcp_server add) can add a stdio MCP server or "
+    "change its command, arguments or environment: it runs a command on the host. Tenant admins "
+    "can enable or disable a stdio server an operator set up, or add a Streamable HTTP server."
+)
+STDIO_NOT_APPROVED = (
+    "This stdio MCP server stays disabled until an operator (a superuser) reviews its command "
+    "and saves it: it runs a command on the host."
+)
+
+
+class OperatorOnly(ValueError):
+    """A tenant admin tried something only an operator may do; the message says what and why."""
+
+
+def check_server_change(server: MCPServer, *, by_operator: bool) -> None:
+    """Refuse what the acting person may not set on `server` (new, or loaded and then edited).
+
+    Operators may set anything. Anyone else may not create a stdio server, change the
+    transport, command, arguments or environment of one, or enable one no operator approved;
+    a new or changed URL must pass the outbound guard.
+    """
+    if by_operator:
+        return
+    if server.transport == MCPServer.Transport.STDIO:
+        if server.pk is None or server.operator_fields_changed():
+            raise OperatorOnly(STDIO_OPERATOR_ONLY)
+        if server.enabled and not server.configured_by_operator:
+            raise OperatorOnly(STDIO_NOT_APPROVED)
+    elif server.pk is None or server.operator_fields_changed():
+        try:
+            check_url(server.url)
+        except OutboundRefused as exc:
+            raise ValueError(str(exc)) from None
+
+
+def save_server(server: MCPServer, *, by_operator: bool) -> MCPServer:
+    """Save an admin's change of `server`, after `check_server_change`.
+
+    An operator's save vouches for the server (and lifts a product-set `disabled_reason`);
+    anyone else's change of its command or URL makes it a tenant-set server again.
+    """
+    check_server_change(server, by_operator=by_operator)
+    if by_operator:
+        server.disabled_reason = ""
+    with transaction.atomic():
+        server.save(by_operator=by_operator)
+    return server
+
+
 # --- add ------------------------------------------------------------------------------------
 
 
@@ -215,9 +269,12 @@ def add_server(
     url: str = "",
     headers: dict[str, str] | None = None,
     timeout_seconds: int = 30,
+    by_operator: bool = True,
 ) -> MCPServer:
     """Validate and create an MCP server of `tenant`. Raises ValueError with a clear message.
 
+    This is the operator's path (`manage.py mcp_server add`), hence `by_operator=True` by
+    default; a tenant-facing caller passes `by_operator=False` and gets the tenant rules.
     Values of `env` and `headers` may reference tenant secrets as `{{secret:NAME}}`; they are
     resolved only when the server is contacted.
     """
@@ -275,10 +332,11 @@ def add_server(
         server.full_clean(validate_constraints=False)
     except ValidationError as exc:
         raise ValueError(_first_message(exc)) from None
+    check_server_change(server, by_operator=by_operator)
     with transaction.atomic():
         if MCPServer.objects.for_tenant(tenant).filter(name=name).exists():
             raise ValueError(f"An MCP server named {name!r} already exists in tenant {tenant.slug}.")
-        server.save()
+        server.save(by_operator=by_operator)
     return server
 
 

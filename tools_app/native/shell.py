@@ -101,6 +101,7 @@ class ShellExec(Tool):
     risk = Risk.EXTERNAL
     read_only = False
     idempotent = False
+    secret_fields = ("env",)
 
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:
         limits: SandboxLimits = getattr(ctx, "sandbox_limits", None) or DEFAULT_LIMITS

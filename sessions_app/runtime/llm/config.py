@@ -25,6 +25,8 @@ class EffectiveModel:
     context_window: int
     max_output_tokens: int
     temperature: float | None = None
+    # A base URL a tenant admin set: reached only through the outbound guard (tools_app.net).
+    guarded: bool = False
 
     @property
     def label(self) -> str:
@@ -50,6 +52,7 @@ def resolve_model(session: Session) -> EffectiveModel:
             context_window=config.context_window,
             max_output_tokens=config.max_output_tokens,
             temperature=config.temperature,
+            guarded=not config.configured_by_operator,
         )
     if settings.OPENAI_API_KEY:
         return EffectiveModel(

@@ -1,4 +1,9 @@
-"""OpenAIChatProvider: streamed Chat Completions against any OpenAI-compatible endpoint."""
+"""OpenAIChatProvider: streamed Chat Completions against any OpenAI-compatible endpoint.
+
+A tenant-set base URL (`EffectiveModel.guarded`) is reached through the outbound guard's
+transport, which checks the resolved address at every connect; a refusal fails the call at
+once (no retries) with a message naming the rule.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import logging
 from collections.abc import Callable
 
 import openai
+
+from tools_app.net import guarded_transport, refusal_in
 
 from .base import Cancelled, CancelSignal, ModelCallFailed, ModelResult
 from .config import EffectiveModel
@@ -34,8 +41,13 @@ def _is_transient(exc: Exception) -> bool:
 class OpenAIChatProvider:
     def __init__(self, model: EffectiveModel):
         self.model = model
+        http_client = openai.DefaultHttpxClient(transport=guarded_transport()) if model.guarded else None
         self.client = openai.OpenAI(
-            base_url=model.base_url or None, api_key=model.api_key, max_retries=0, timeout=TIMEOUT
+            base_url=model.base_url or None,
+            api_key=model.api_key,
+            max_retries=0,
+            timeout=TIMEOUT,
+            http_client=http_client,
         )
 
     def complete(
@@ -58,6 +70,10 @@ class OpenAIChatProvider:
             except Exception as exc:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled() from exc
+                refused = refusal_in(exc)
+                if refused is not None:
+                    errors.append(str(refused)[:500])
+                    raise ModelCallFailed(errors[-1], attempt, errors) from exc
                 errors.append(f"{exc.__class__.__name__}: {exc}"[:500])
                 if not _is_transient(exc) or attempt == MAX_ATTEMPTS:
                     raise ModelCallFailed(errors[-1], attempt, errors) from exc
