@@ -1,6 +1,10 @@
 """Django admin for approvals: tenant admins manage their policies (rules inline), try a call
 against them ("Test a call"), and read — never edit — pending approvals.
 
+"Test a call" takes the tool's risk, tool sets and source from the tool catalog (through
+`policy.tool_facts`, which tools_app registers), never from the form, so it shows what the
+runtime would do with the same call.
+
 Deciding an approval wakes its Session, so it is served by sessions_app's edge, not here
 (ARCHITECTURE §10).
 """
@@ -21,8 +25,8 @@ from tenancy_app.admin import ReadOnlyTenantScopedAdmin, TenantScopedAdmin
 from tenancy_app.models import Tenant
 
 from .models import PendingApproval
-from .policy import CallFacts, evaluate
-from .policy_models import ApprovalPolicy, ApprovalRule, RuleRisk, RuleSource
+from .policy import evaluate, tool_facts
+from .policy_models import ApprovalPolicy, ApprovalRule
 
 # Kept inline so the admin ships as one module; they only extend Django's own admin templates.
 _CHANGE_LIST = """{% extends "admin/change_list.html" %}
@@ -38,7 +42,8 @@ _TEST_CALL = """{% extends "admin/base_site.html" %}
 <a href="{% url 'admin:approvals_app_approvalpolicy_changelist' %}">{{ opts.verbose_name_plural|capfirst }}</a>
 &rsaquo; {{ title }}</div>{% endblock %}
 {% block content %}
-<p>Which rule would match this call? Nothing runs; the tenant's enabled policies are evaluated.</p>
+<p>Which rule would match this call? Nothing runs; the tenant's enabled policies are evaluated.
+The tool's risk, tool sets and source come from the tool catalog, as at run time.</p>
 <form method="post">{% csrf_token %}
 <table>{{ form.as_table }}</table>
 <div class="submit-row"><input type="submit" class="default" value="Evaluate"></div>
@@ -46,6 +51,9 @@ _TEST_CALL = """{% extends "admin/base_site.html" %}
 {% if verdict %}
 <h2 id="verdict">Verdict: {{ verdict.action }}</h2>
 <table>
+<tr><th>Tool</th><td id="facts">{{ facts.name }}: risk {{ facts.risk }}, source {{ facts.source }}{% if facts.server %}
+(server {{ facts.server }}, remote tool {{ facts.remote_name }}){% endif %}, tool sets
+{{ facts.toolsets|join:", "|default:"none" }}</td></tr>
 <tr><th>Matched rule</th><td>{% if verdict.rule %}#{{ verdict.rule.id }} in policy
 “{{ verdict.rule.policy }}” (position {{ verdict.rule.position }}): {{ verdict.rule.label }}
 {% else %}none{% endif %}</td></tr>
@@ -154,15 +162,17 @@ class ApprovalPolicyAdmin(TenantScopedAdmin):
             raise PermissionDenied
         tenants = self._scoped(request, Tenant.objects.all())
         form = CallProbeForm(request.POST or None, tenants=tenants)
-        verdict = None
+        verdict = facts = None
         if request.method == "POST" and form.is_valid():
-            verdict = evaluate(form.cleaned_data["tenant"].pk, form.facts(), form.cleaned_data["arguments"])
+            facts = form.cleaned_data["facts"]
+            verdict = evaluate(form.cleaned_data["tenant"].pk, facts, form.cleaned_data["arguments"])
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "title": "Test a call",
             "form": form,
             "verdict": verdict,
+            "facts": facts,
             "deciders": _describe_deciders(verdict.deciders) if verdict else "",
         }
         return TemplateResponse(request, _template(_TEST_CALL), context)
@@ -180,12 +190,12 @@ def _describe_deciders(deciders: dict) -> str:
 
 class CallProbeForm(forms.Form):
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.none())
-    name = forms.CharField(label="Tool name", max_length=200, help_text="model-facing, e.g. fs_write_file")
-    source = forms.ChoiceField(choices=RuleSource.choices)
-    risk = forms.ChoiceField(choices=RuleRisk.choices)
-    toolsets = forms.CharField(required=False, help_text="comma-separated tool set names")
-    server = forms.CharField(required=False, help_text="MCP server name")
-    remote_name = forms.CharField(required=False, help_text="the tool's name on the MCP server")
+    name = forms.CharField(
+        label="Tool name",
+        max_length=200,
+        help_text="model-facing, e.g. fs_write_file or example__add; risk, tool sets and source "
+        "are the catalog's",
+    )
     arguments = forms.JSONField(
         initial=dict, required=False, help_text="the call's arguments (a JSON object)"
     )
@@ -204,17 +214,15 @@ class CallProbeForm(forms.Form):
             raise forms.ValidationError("Arguments must be a JSON object.")
         return arguments
 
-    def facts(self) -> CallFacts:
-        data = self.cleaned_data
-        toolsets = tuple(t.strip() for t in data.get("toolsets", "").split(",") if t.strip())
-        return CallFacts(
-            name=data["name"].strip(),
-            source=data["source"],
-            risk=data["risk"],
-            toolsets=toolsets,
-            server=data.get("server", "").strip(),
-            remote_name=data.get("remote_name", "").strip(),
-        )
+    def clean(self):
+        data = super().clean()
+        tenant, name = data.get("tenant"), (data.get("name") or "").strip()
+        if tenant is not None and name:
+            facts = tool_facts(tenant.pk, name)
+            if facts is None:
+                self.add_error("name", f"{tenant} has no tool named {name!r}.")
+            data["facts"] = facts
+        return data
 
 
 @admin.register(PendingApproval)

@@ -10,8 +10,8 @@ Matching (every filled field of a rule must hold; blank = any):
 - risk, source: equal to the call's.
 - argument_conditions: all must hold. A condition `{"path", "regex", "negate"}` resolves `path`
   (syntax in policy_models: `$.paths[*]`, `paths.0`, `options.mode`) in the arguments to zero or
-  more values; it holds if ANY resolved value matches — `re.search(regex, value)`, inverted per
-  value by `negate`. A path that resolves to nothing never holds (negated or not). Non-string
+  more values; it holds if ANY resolved value matches — an RE2 (linear-time) search of `regex`
+  in the value, inverted per value by `negate`. A path that resolves to nothing never holds (negated or not). Non-string
   values are matched as their JSON text (`true`, `3`, `{"a": 1}`).
   "Any path outside drafts/": `{"path": "paths[*]", "regex": "^drafts/", "negate": true}`.
 
@@ -19,12 +19,17 @@ Across all matches: deny > require_approval > allow; between equals the first by
 (policy priority, policy id, rule position, rule id). No match: allow. A rule whose stored
 conditions cannot be used (possible only if it bypassed `clean()`) fails closed: if its other
 fields match, it counts as require_approval with reason "rule N has an invalid condition".
+
+The facts of a call (risk, tool sets, source) are the tool catalog's, which lives above this app
+(tools_app). The catalog registers `tool_facts` here when it loads (`register_tool_facts`), so the
+admin's "Test a call" evaluates a tool by name with exactly the facts the runtime uses.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
@@ -79,6 +84,24 @@ class Verdict:
     reason: str
     deciders: dict = field(default_factory=dict)
     expires_after_hours: int | None = None
+
+
+ToolFacts = Callable[[int, str], "CallFacts | None"]
+_tool_facts: ToolFacts | None = None
+
+
+def register_tool_facts(provider: ToolFacts) -> None:
+    """Called once by the tool catalog (tools_app.apps.ready): `provider(tenant_id, tool_name)`
+    returns the CallFacts the runtime would use for that tool, or None if the tenant has no such tool."""
+    global _tool_facts
+    _tool_facts = provider
+
+
+def tool_facts(tenant_id: int, tool_name: str) -> CallFacts | None:
+    """The catalog's facts about a tool of this tenant (by its model-facing name), or None."""
+    if _tool_facts is None:
+        raise RuntimeError("no tool catalog registered its facts (is tools_app installed?)")
+    return _tool_facts(tenant_id, tool_name)
 
 
 def evaluate(tenant_id: int, facts: CallFacts, arguments: dict) -> Verdict:

@@ -4,12 +4,18 @@ Owned facts: `ApprovalPolicy` (a named, ordered group of rules of one tenant, ma
 admin) and `ApprovalRule` (one match -> action line). Matching lives in `approvals_app.policy`;
 this module only stores and validates the rules, so an admin gets a form error for a rule the
 matcher could not use.
+
+Argument-condition regexes are written by tenant admins, who are not trusted with the host
+(ARCHITECTURE §7), so they are compiled by RE2 (`google-re2`), whose matching time is linear in
+the input: `(a+)+$` cannot stall a worker or the "Test a call" view. RE2 refuses what it cannot
+run in linear time (backreferences, lookaround); such a pattern is a validation error on save.
 """
 
 from __future__ import annotations
 
 import re
 
+import re2
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
@@ -20,6 +26,8 @@ from tenancy_app.models import TenantOwnedModel
 from .choices import PolicyAction
 
 MAX_REGEX_LENGTH = 500
+# Memory budget of one compiled pattern; RE2 refuses (a validation error) a pattern that needs more.
+MAX_REGEX_MEMORY = 1 << 20
 CONDITION_KEYS = frozenset({"path", "regex", "negate"})
 DECIDER_KEYS = frozenset({"session_owner", "tenant_admins", "roles"})
 
@@ -82,7 +90,25 @@ def parse_path(path: str) -> tuple:
     return tuple(tokens)
 
 
-def compile_conditions(raw) -> list[tuple[tuple, re.Pattern, bool]]:
+def _re2_options() -> re2.Options:
+    options = re2.Options()
+    options.log_errors = False  # a refused pattern is reported to the admin, not to stderr
+    options.max_mem = MAX_REGEX_MEMORY
+    return options
+
+
+def compile_regex(regex: str):
+    """An RE2 pattern (linear-time `search`); ValueError with RE2's reason if it cannot compile."""
+    try:
+        return re2.compile(regex, options=_re2_options())
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else "unsupported"
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise ValueError(f"{reason} (RE2 syntax: no backreferences or lookaround)") from None
+
+
+def compile_conditions(raw) -> list[tuple[tuple, object, bool]]:
     """The argument conditions as (path tokens, compiled regex, negate); ValueError if unusable."""
     if raw in (None, ""):
         return []
@@ -105,8 +131,8 @@ def compile_conditions(raw) -> list[tuple[tuple, re.Pattern, bool]]:
         if len(regex) > MAX_REGEX_LENGTH:
             raise ValueError(f"condition {number}: regex longer than {MAX_REGEX_LENGTH} characters")
         try:
-            pattern = re.compile(regex)
-        except re.error as exc:
+            pattern = compile_regex(regex)
+        except ValueError as exc:
             raise ValueError(f"condition {number}: invalid regex {regex!r}: {exc}") from None
         negate = condition.get("negate", False)
         if not isinstance(negate, bool):
@@ -169,7 +195,8 @@ class ApprovalRule(TenantOwnedModel):
         default=list,
         blank=True,
         help_text='all must hold: [{"path": "paths[*]", "regex": "^drafts/", "negate": true}]; '
-        "with [*] a condition holds if any element matches; a missing path never holds",
+        "with [*] a condition holds if any element matches; a missing path never holds; "
+        "regexes use RE2 syntax (no backreferences or lookaround)",
     )
     action = models.CharField(
         max_length=20, choices=PolicyAction.choices, default=PolicyAction.REQUIRE_APPROVAL
@@ -185,7 +212,11 @@ class ApprovalRule(TenantOwnedModel):
         validators=[MinValueValidator(1)],
         help_text="undecided -> expired (a rejection)",
     )
-    reason = models.CharField(max_length=500, blank=True, help_text="shown to the person deciding")
+    reason = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="why: shown to the person deciding and, for deny, to the model and on the tool card",
+    )
     enabled = models.BooleanField(default=True)
 
     class Meta:

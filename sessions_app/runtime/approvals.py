@@ -13,11 +13,14 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from approvals_app import actions as approvals
 from approvals_app.choices import ApprovalStatus
 from approvals_app.models import PendingApproval
+from tenancy_app.choices import ADMIN_ROLES
+from tenancy_app.choices import Role as TenantRole
 from tenancy_app.models import Membership
 
 from ..choices import InputKind, Role, SessionStatus
@@ -32,17 +35,9 @@ logger = logging.getLogger(__name__)
 
 
 def call_facts(tool):
-    from approvals_app.policy import CallFacts
+    from tools_app.catalog import policy_facts
 
-    server = getattr(tool, "server_name", "") or ""
-    return CallFacts(
-        name=tool.name,
-        source="mcp" if server else "native",
-        risk=str(tool.risk),
-        toolsets=tuple(getattr(tool, "toolsets", ()) or ()),
-        server=server,
-        remote_name=getattr(tool, "remote_name", "") or "",
-    )
+    return policy_facts(tool)
 
 
 def verdict_for(tenant_id: int, tool, args: dict):
@@ -51,8 +46,9 @@ def verdict_for(tenant_id: int, tool, args: dict):
     return evaluate(tenant_id, call_facts(tool), args)
 
 
-def approval_hook(tool, args: dict, ctx) -> str:
-    return str(verdict_for(ctx.tenant_id, tool, args).action)
+def approval_hook(tool, args: dict, ctx):
+    """ToolService's approval stage: the whole Verdict, so a deny carries its rule's reason."""
+    return verdict_for(ctx.tenant_id, tool, args)
 
 
 # --- suspend ---------------------------------------------------------------------------------------
@@ -126,17 +122,34 @@ def may_decide(approval: PendingApproval, user) -> bool:
     return can_decide(approval.deciders or {}, user_id=user.pk, session_owner_id=owner_id, role=role)
 
 
+def visible_to(queryset, user, membership):
+    """The approvals of `queryset` this person may see, as one query filter (list, detail, decide
+    and a Session's sub-list all use it, so what is absent from a list is a 404 on its own route).
+
+    Tenant owners and admins see every approval of the tenant; other members see the approvals of
+    their own Sessions and those whose deciders name their role — exactly the ones `may_decide`
+    could allow them, plus their own. No membership (or another tenant's): nothing.
+    """
+    if membership is None or user is None or not getattr(user, "is_authenticated", False):
+        return queryset.none()
+    if membership.user_id != user.pk:
+        return queryset.none()
+    queryset = queryset.filter(tenant_id=membership.tenant_id)
+    if membership.role in ADMIN_ROLES:
+        return queryset
+    own_sessions = Session.objects.filter(tenant_id=membership.tenant_id, owner_id=user.pk).values("pk")
+    # `deciders.roles` is stored normalized (sorted, unique, known roles), so it has at most one
+    # entry per role; comparing each position works on SQLite and PostgreSQL alike (a JSON
+    # "contains" lookup does not exist on SQLite).
+    named_role = Q()
+    for index in range(len(TenantRole.values)):
+        named_role |= Q(**{f"deciders__roles__{index}": membership.role})
+    return queryset.filter(Q(session_id__in=own_sessions) | named_role)
+
+
 def may_see(approval: PendingApproval, user) -> bool:
-    """Owners and admins see every approval of the tenant; others, their Sessions' and what they may decide."""
-    role = (
-        Membership.objects.filter(tenant_id=approval.tenant_id, user=user)
-        .values_list("role", flat=True)
-        .first()
-    )
-    if role in ("owner", "admin"):
-        return True
-    owner_id = Session.objects.filter(pk=approval.session_id).values_list("owner_id", flat=True).first()
-    return owner_id == user.pk or may_decide(approval, user)
+    membership = Membership.objects.filter(tenant_id=approval.tenant_id, user=user).first()
+    return visible_to(PendingApproval.objects.filter(pk=approval.pk), user, membership).exists()
 
 
 def submit_decision(

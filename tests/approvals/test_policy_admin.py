@@ -180,11 +180,6 @@ class TestCallView:
         data = {
             "tenant": tenant.pk,
             "name": "fs_delete_files",
-            "source": "native",
-            "risk": "destructive",
-            "toolsets": "filesystem, extra",
-            "server": "",
-            "remote_name": "",
             "arguments": json.dumps({"paths": ["drafts/a.md"]}),
         }
         data.update(overrides)
@@ -206,7 +201,7 @@ class TestCallView:
         assert "72 h" in html
 
     def test_a_call_no_rule_matches_is_allowed(self, tenant_admin, policies, tenant_a):
-        response = tenant_admin.post(TEST_URL, self.call(tenant_a, risk="read"))
+        response = tenant_admin.post(TEST_URL, self.call(tenant_a, name="fs_read", arguments='{"path": "a"}'))
 
         verdict = response.context["verdict"]
         assert (verdict.action, verdict.rule, verdict.reason) == ("allow", None, "no rule matched")
@@ -219,7 +214,7 @@ class TestCallView:
         assert "bravo" not in response.content.decode().lower()
 
     def test_it_will_not_evaluate_tenant_b(self, tenant_admin, policies, tenant_b):
-        response = tenant_admin.post(TEST_URL, self.call(tenant_b, name="fs_write_file", risk="write"))
+        response = tenant_admin.post(TEST_URL, self.call(tenant_b, name="fs_write"))
 
         assert response.status_code == 200
         assert response.context["verdict"] is None
