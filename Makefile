@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: install run test lint format migrate worker beat bench
+.PHONY: install run test lint format migrate worker beat bench fuzz
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,3 +43,6 @@ beat: install
 
 bench: install
 	$(PY) -m pytest tests/bench/bench_runtime.py tests/bench/bench_tools.py -q -s -p no:cacheprovider
+
+fuzz: install  # schemathesis against the live stack (needs PostgreSQL + Redis on loopback)
+	tests/schemathesis/run.sh

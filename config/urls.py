@@ -10,6 +10,7 @@ admin.site.site_title = "xAgent admin"
 api_v1 = [
     path("", include("tenancy_app.api.urls")),
     path("", include("sessions_app.api.urls")),
+    path("", include("tools_app.api.urls")),
     path("healthz", views.healthz),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]

@@ -1,8 +1,14 @@
+from pathlib import PurePosixPath
+
 from rest_framework import serializers
 
-from ..choices import InputKind, SessionKind
+from config.api import ParameterError
+
+from ..choices import InputKind, InputStatus, PlanTaskStatus, SessionKind
 from ..models import Input, Message, ModelCall, ModelConfig, Session, SessionEvent
 from ..runtime.llm.config import resolve_model
+
+IDEMPOTENCY_KEY_MAX_LENGTH = Input._meta.get_field("idempotency_key").max_length
 
 
 class SessionSerializer(serializers.ModelSerializer):
@@ -97,19 +103,51 @@ class SessionUpdateSerializer(serializers.Serializer):
 
 
 class InputCreateSerializer(serializers.Serializer):
+    """An input, from REST (`POST …/inputs/`) or a WebSocket `input` frame: the same limits.
+
+    DRF's CharField already refuses NUL and lone surrogate characters (PostgreSQL stores neither).
+    """
+
     text = serializers.CharField(max_length=100_000, allow_blank=False, trim_whitespace=False)
     kind = serializers.ChoiceField(choices=[InputKind.MESSAGE, InputKind.GUIDANCE], default=InputKind.MESSAGE)
     attachments = serializers.ListField(
         child=serializers.CharField(max_length=1000), required=False, max_length=50
     )
 
+    def validate_text(self, value: str) -> str:
+        if not value.strip():
+            raise serializers.ValidationError("This field may not be blank.", code="blank")
+        return value
 
-class InputSerializer(serializers.ModelSerializer):
-    input_id = serializers.IntegerField(source="id")
+    def validate_attachments(self, value: list[str]) -> list[str]:
+        for path in value:
+            parts = PurePosixPath(path).parts
+            if not path.strip() or path.startswith("/") or "\\" in path or ".." in parts:
+                raise serializers.ValidationError(
+                    f"{path[:100]!r} is not a relative path inside the workspace.", code="path_escape"
+                )
+        return value
 
-    class Meta:
-        model = Input
-        fields = ["input_id", "kind", "status", "created_at"]
+
+def validated_idempotency_key(request) -> str | None:
+    """The `Idempotency-Key` header, or None; too long or holding control characters is a 400 naming it."""
+    value = request.headers.get("Idempotency-Key")
+    if not value:
+        return None
+    if len(value) > IDEMPOTENCY_KEY_MAX_LENGTH:
+        raise ParameterError(
+            "Idempotency-Key", f"must be at most {IDEMPOTENCY_KEY_MAX_LENGTH} characters", where="header"
+        )
+    if any(ord(char) < 32 or ord(char) == 127 for char in value):
+        raise ParameterError("Idempotency-Key", "must not contain control characters", where="header")
+    return value
+
+
+class InputAcceptedSerializer(serializers.Serializer):
+    """The answer to `POST …/inputs/` (202, or 200 for a repeated Idempotency-Key) and `…/interrupt/`."""
+
+    input_id = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=InputStatus.choices)
 
 
 class MessageSerializer(serializers.ModelSerializer):
@@ -134,6 +172,23 @@ class EventSerializer(serializers.ModelSerializer):
     class Meta:
         model = SessionEvent
         fields = ["seq", "type", "ts", "data"]
+
+
+class PlanTaskSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    title = serializers.CharField()
+    status = serializers.ChoiceField(choices=PlanTaskStatus.choices)
+
+
+class PlanSerializer(serializers.Serializer):
+    title = serializers.CharField()
+    tasks = PlanTaskSerializer(many=True)
+
+
+class PlanResponseSerializer(serializers.Serializer):
+    """The answer to `GET …/plan/`: `{"plan": {...}}`, or `{"plan": null}` before the agent made one."""
+
+    plan = PlanSerializer(allow_null=True)
 
 
 class ModelCallSerializer(serializers.ModelSerializer):
@@ -194,3 +249,9 @@ class ApprovalSerializer(serializers.Serializer):
 class DecisionSerializer(serializers.Serializer):
     decision = serializers.ChoiceField(choices=["approve", "reject"])
     comment = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
+
+
+class DecisionFrameSerializer(DecisionSerializer):
+    """A WebSocket `decide` frame: the REST body plus the approval it is about."""
+
+    approval_id = serializers.IntegerField(min_value=1, max_value=2**63 - 1)

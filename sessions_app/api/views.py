@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 from django.db.models import Q
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
@@ -15,39 +12,48 @@ from rest_framework.response import Response
 from approvals_app.actions import AlreadyDecided
 from approvals_app.choices import ApprovalStatus
 from approvals_app.models import PendingApproval
-from config.api import Conflict
+from config.api import Conflict, ParameterError
+from config.schema import error
 from tenancy_app.api.viewsets import TenantScopedViewSet
+from tenancy_app.throttling import caller_ident
 
 from ..choices import SessionStatus
-from ..models import ModelCall, Plan, Session, SessionEvent
+from ..models import ModelCall, Plan, Session
 from ..runtime import approvals, brain, engine
+from . import longpoll
+from .pagination import HistoryPagination
 from .serializers import (
     ApprovalSerializer,
     DecisionSerializer,
     EventSerializer,
+    InputAcceptedSerializer,
     InputCreateSerializer,
-    InputSerializer,
     MessageSerializer,
     ModelCallSerializer,
+    PlanResponseSerializer,
     SessionSerializer,
     SessionUpdateSerializer,
+    validated_idempotency_key,
 )
 
-MAX_LONG_POLL_S = 30.0
-LONG_POLL_INTERVAL_S = 0.2
-EVENT_PAGE = 500
+MAX_INT_PARAM = 2**63 - 1  # ids and seqs are 64-bit: larger values are not "after" anything
 
 
 def _int_param(request, name: str, default: int = 0) -> int:
+    """A non-negative integer query parameter; a bad one is a 400 naming it (`ParameterError`)."""
     raw = request.query_params.get(name)
     if raw in (None, ""):
         return default
+    if len(raw) > 20:
+        raise ParameterError(name, "must be an integer of at most 19 digits")
     try:
         value = int(raw)
     except ValueError:
-        raise serializers.ValidationError({name: f"must be an integer, got {raw!r}"}) from None
+        raise ParameterError(name, f"must be an integer, got {raw!r}") from None
     if value < 0:
-        raise serializers.ValidationError({name: "must not be negative"})
+        raise ParameterError(name, "must not be negative")
+    if value > MAX_INT_PARAM:
+        raise ParameterError(name, f"must be at most {MAX_INT_PARAM}")
     return value
 
 
@@ -113,7 +119,7 @@ class SessionViewSet(
 
     @extend_schema(
         request=InputCreateSerializer,
-        responses={202: InputSerializer, 200: InputSerializer},
+        responses={202: InputAcceptedSerializer, 200: InputAcceptedSerializer},
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER)],
     )
     @action(detail=True, methods=["post"])
@@ -127,14 +133,14 @@ class SessionViewSet(
             text=body.validated_data["text"],
             attachments=body.validated_data.get("attachments"),
             user=request.user,
-            idempotency_key=request.headers.get("Idempotency-Key") or None,
+            idempotency_key=validated_idempotency_key(request),
         )
         return Response(
             {"input_id": created_input.pk, "status": created_input.status},
             status=status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK,
         )
 
-    @extend_schema(request=None, responses={202: InputSerializer})
+    @extend_schema(request=None, responses={202: InputAcceptedSerializer})
     @action(detail=True, methods=["post"])
     def interrupt(self, request, pk=None):
         session = self.get_object()
@@ -143,65 +149,75 @@ class SessionViewSet(
             {"input_id": created_input.pk, "status": created_input.status}, status=status.HTTP_202_ACCEPTED
         )
 
-    @extend_schema(parameters=[OpenApiParameter("after", int)], responses=MessageSerializer(many=True))
-    @action(detail=True, methods=["get"], pagination_class=None)
+    @extend_schema(
+        parameters=[OpenApiParameter("after", int, description="only messages with a greater id")],
+        responses=MessageSerializer(many=True),
+    )
+    @action(detail=True, methods=["get"], pagination_class=HistoryPagination)
     def messages(self, request, pk=None):
         session = self.get_object()
         after = _int_param(request, "after")
-        rows = session.messages.filter(id__gt=after).order_by("id")
-        return Response(MessageSerializer(rows, many=True).data)
+        page = self.paginate_queryset(session.messages.filter(id__gt=after))
+        return self.get_paginated_response(MessageSerializer(page, many=True).data)
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("after", int),
-            OpenApiParameter("wait", OpenApiTypes.FLOAT, description="0..30 s"),
+            OpenApiParameter(
+                "after",
+                {"type": "integer", "minimum": 0},
+                description="only events with a greater `seq` (default 0)",
+            ),
+            OpenApiParameter(
+                "wait",
+                {"type": "number", "minimum": 0, "maximum": 30},
+                description="long poll: when no event follows `after` yet, wait up to this many "
+                "seconds (0..30) for one; the answer comes as soon as one is logged",
+            ),
         ],
-        responses={200: OpenApiTypes.OBJECT},
+        responses={
+            200: inline_serializer(
+                "EventPage",
+                {"events": EventSerializer(many=True), "last_seq": serializers.IntegerField()},
+            )
+        },
     )
     @action(detail=True, methods=["get"], pagination_class=None)
     def events(self, request, pk=None):
-        """Events after `after`, in `seq` order; with `wait`, holds the request until one arrives."""
+        """The Session's events after `after`, in `seq` order (at most 500 per answer)."""
+        # The route is served by `longpoll.session_events`: it runs this action first and, when
+        # the action hands back a `long_poll`, waits without holding a database connection.
         session = self.get_object()
         after = _int_param(request, "after")
-        try:
-            wait = min(max(float(request.query_params.get("wait") or 0), 0.0), MAX_LONG_POLL_S)
-        except ValueError:
-            raise serializers.ValidationError({"wait": "must be a number of seconds (0..30)"}) from None
-        deadline = time.monotonic() + wait
-        while True:
-            rows = list(
-                SessionEvent.objects.filter(session=session, seq__gt=after).order_by("seq")[:EVENT_PAGE]
-            )
-            if rows or time.monotonic() >= deadline:
-                break
-            time.sleep(LONG_POLL_INTERVAL_S)
-        last_seq = rows[-1].seq if rows else max(after, 0)
-        return Response({"events": EventSerializer(rows, many=True).data, "last_seq": last_seq})
+        wait = longpoll.parse_wait(request.query_params.get("wait"))
+        page = longpoll.read_events(session.pk, after)
+        response = Response(page)
+        if wait > 0 and not page["events"]:
+            response.long_poll = longpoll.LongPoll(session.pk, after, wait, caller_ident(request))
+        return response
 
     @extend_schema(responses=ModelCallSerializer(many=True))
-    @action(detail=True, methods=["get"], url_path="model-calls", pagination_class=None)
+    @action(detail=True, methods=["get"], url_path="model-calls", pagination_class=HistoryPagination)
     def model_calls(self, request, pk=None):
         session = self.get_object()
-        rows = (
-            ModelCall.objects.filter(session=session)
-            .select_related("system_prompt", "tool_schemas")
-            .order_by("id")
-        )
-        return Response(ModelCallSerializer(rows, many=True).data)
+        rows = ModelCall.objects.filter(session=session).select_related("system_prompt", "tool_schemas")
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(ModelCallSerializer(page, many=True).data)
 
-    @extend_schema(parameters=[OpenApiParameter("status", str)], responses=ApprovalSerializer(many=True))
-    @action(detail=True, methods=["get"], pagination_class=None)
+    @extend_schema(
+        parameters=[OpenApiParameter("status", str, enum=ApprovalStatus.values)],
+        responses=ApprovalSerializer(many=True),
+    )
+    @action(detail=True, methods=["get"], pagination_class=HistoryPagination)
     def approvals(self, request, pk=None):
         session = self.get_object()
+        visible = approvals.visible_to(PendingApproval.objects.all(), request.user, request.membership)
         rows = _approval_status_filter(
-            request,
-            PendingApproval.objects.for_tenant(request.tenant)
-            .filter(session_id=session.pk)
-            .select_related("decided_by"),
+            request, visible.filter(session_id=session.pk).select_related("decided_by")
         )
-        return Response(ApprovalSerializer(rows, many=True).data)
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(ApprovalSerializer(page, many=True).data)
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(responses=PlanResponseSerializer)
     @action(detail=True, methods=["get"], pagination_class=None)
     def plan(self, request, pk=None):
         session = self.get_object()
@@ -219,20 +235,29 @@ def _approval_status_filter(request, queryset):
 
 
 class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
-    """Pending and past approvals of the tenant. Deciding goes through the runtime's one
+    """Pending and past approvals of the tenant the caller may see (`approvals.visible_to`, for
+    every action: one they may not see is a 404). Deciding goes through the runtime's one
     operation (`approvals.submit_decision`), shared with the WebSocket `decide` frame."""
 
     queryset = PendingApproval.objects.select_related("decided_by")
     serializer_class = ApprovalSerializer
-    pagination_class = None
+
+    def get_queryset(self):
+        membership = getattr(self.request, "membership", None)  # absent while generating the schema
+        return approvals.visible_to(super().get_queryset(), self.request.user, membership)
 
     @extend_schema(parameters=[OpenApiParameter("status", str, enum=ApprovalStatus.values)])
     def list(self, request, *args, **kwargs):
-        rows = _approval_status_filter(request, self.get_queryset())[:500]
-        visible = [a for a in rows if approvals.may_see(a, request.user)]
-        return Response(ApprovalSerializer(visible, many=True).data)
+        page = self.paginate_queryset(_approval_status_filter(request, self.get_queryset()))
+        return self.get_paginated_response(ApprovalSerializer(page, many=True).data)
 
-    @extend_schema(request=DecisionSerializer, responses=ApprovalSerializer)
+    @extend_schema(
+        request=DecisionSerializer,
+        responses={
+            200: ApprovalSerializer,
+            409: error("`already_decided`: the approval was decided before."),
+        },
+    )
     @action(detail=True, methods=["post"])
     def decide(self, request, pk=None):
         approval = self.get_object()

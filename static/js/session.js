@@ -19,7 +19,7 @@
  */
 (function () {
   "use strict";
-  const { api, el, richText, statusLabel, timeElement, clockTime, newIdempotencyKey, ApiError } = window.xagent;
+  const { api, apiAll, el, richText, statusLabel, timeElement, clockTime, newIdempotencyKey, ApiError } = window.xagent;
 
   const bootNode = document.getElementById("session-boot");
   if (!bootNode) return;
@@ -323,7 +323,7 @@
       do {
         fetchAgain = false;
         try {
-          renderMessages(await api(`${boot.api}messages/?after=${state.lastMessageId}`));
+          renderMessages(await apiAll(`${boot.api}messages/?after=${state.lastMessageId}&page_size=200`));
         } catch (exc) {
           await new Promise((resolve) => setTimeout(resolve, 1500));
           fetchAgain = true;
@@ -665,8 +665,8 @@
 
   async function loadPendingApprovals() {
     try {
-      const rows = await api(`${boot.api}approvals/?status=pending`);
-      for (const approval of rows || []) showApproval(approval);
+      const rows = await apiAll(`${boot.api}approvals/?status=pending&page_size=200`);
+      for (const approval of rows) showApproval(approval);
       ui.approvalsNote.textContent = "";
     } catch (exc) {
       ui.approvalsNote.textContent = `Could not load pending approvals: ${exc.message}`;
@@ -915,7 +915,8 @@
   function applyFrame(frame) {
     if (!frame || typeof frame !== "object") return;
     if (frame.seq === null || frame.seq === undefined) {
-      const data = frame.data || {};
+      // A refused client frame is `{"type": "error", "error": {code, message}}` (CONTRACT WebSocket).
+      const data = (frame.type === "error" ? frame.error : frame.data) || {};
       if (frame.type === "model.delta") appendDelta(data);
       else if (frame.type === "ack") {
         const sent = state.awaitingAck.shift();
@@ -1097,7 +1098,7 @@
     try {
       const [session, messages, plan] = await Promise.all([
         api(boot.api),
-        api(`${boot.api}messages/`),
+        apiAll(`${boot.api}messages/?page_size=200`),
         api(`${boot.api}plan/`),
       ]);
       showHeader(session);

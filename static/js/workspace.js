@@ -77,6 +77,17 @@
     return data;
   }
 
+  /** Every row of a cursor-paginated list (`{"results", "next"}`), following the `next` links. */
+  async function apiAll(path) {
+    const rows = [];
+    for (let next = path; next; ) {
+      const page = await api(next);
+      rows.push(...((page && page.results) || []));
+      next = page && page.next;
+    }
+    return rows;
+  }
+
   /**
    * el("li", {className, dataset, attrs, text, on}, ...children): children are nodes or
    * strings (added as text nodes). Nothing here ever assigns innerHTML.
@@ -169,6 +180,7 @@
     STATUSES,
     ApiError,
     api,
+    apiAll,
     el,
     richText,
     statusLabel,

@@ -197,7 +197,7 @@ def test_a_decision_taken_elsewhere_while_offline_is_reported_not_overwritten(op
     expect(owner.get_by_test_id("live-indicator")).to_have_attribute("data-state", "reconnecting")
     reviewer = open_page(*REVIEWER)
     csrf = next(c["value"] for c in reviewer.context.cookies() if c["name"] == "csrftoken")
-    pending = reviewer.request.get(f"/api/v1/sessions/{sid}/approvals/?status=pending").json()
+    pending = reviewer.request.get(f"/api/v1/sessions/{sid}/approvals/?status=pending").json()["results"]
     assert [a["id"] for a in pending] == [int(card.get_attribute("data-approval-id"))], pending
     assert pending[0]["tool"] == "fs_delete_files" and pending[0]["arguments"]["paths"] == [DRAFT], pending
     decided = reviewer.request.post(

@@ -49,7 +49,7 @@ def _start_waiting_session(tmp_path, api_owner_a, tenant_a, model_server) -> tup
         (engine.workspace_path(Session.objects.get(pk=session_id)) / DRAFT).write_text("scratch notes")
         api.post(f"/sessions/{session_id}/inputs/", json={"text": "delete draft_to_delete.md"})
         _wait(lambda: Session.objects.get(pk=session_id).status == "waiting_approval")
-        pending = api.get("/approvals/", params={"status": "pending"}).json()
+        pending = api.get("/approvals/", params={"status": "pending"}).json()["results"]
         assert [a["tool"] for a in pending] == ["fs_delete_files"]
     # Everything is down now; Redis forgets every queued message too.
     redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
@@ -70,7 +70,7 @@ def test_an_approval_survives_a_full_restart_and_the_call_runs_once(
         time.sleep(1.0)  # give recovery sweeps the chance to (wrongly) move it; asserted by state below
         session = api.get(f"/sessions/{session_id}/").json()
         assert session["status"] == "waiting_approval"
-        again = api.get(f"/sessions/{session_id}/approvals/", params={"status": "pending"}).json()
+        again = api.get(f"/sessions/{session_id}/approvals/", params={"status": "pending"}).json()["results"]
         assert [a["id"] for a in again] == [approval.pk]
 
         decided = api.post(f"/approvals/{approval.pk}/decide/", json={"decision": "approve", "comment": "go"})

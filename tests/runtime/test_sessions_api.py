@@ -81,10 +81,10 @@ def test_history_events_plan_and_evidence_after_a_run(api_owner_a, session_a, mo
     drive_until_idle(session_a)
     base = f"/api/v1/sessions/{session_a.pk}"
 
-    messages = api_owner_a.get(f"{base}/messages/").json()
+    messages = api_owner_a.get(f"{base}/messages/").json()["results"]
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
     assert messages[1]["tool_calls"][0]["id"] == "c1" and messages[2]["tool_call_id"] == "c1"
-    after = api_owner_a.get(f"{base}/messages/?after={messages[1]['id']}").json()
+    after = api_owner_a.get(f"{base}/messages/?after={messages[1]['id']}").json()["results"]
     assert [m["id"] for m in after] == [m["id"] for m in messages[2:]]
 
     events = api_owner_a.get(f"{base}/events/").json()
@@ -97,7 +97,7 @@ def test_history_events_plan_and_evidence_after_a_run(api_owner_a, session_a, mo
     assert api_owner_a.get(f"{base}/plan/").json() == {
         "plan": {"title": "P", "tasks": [{"id": "t1", "title": "a", "status": "pending"}]}
     }
-    calls = api_owner_a.get(f"{base}/model-calls/").json()
+    calls = api_owner_a.get(f"{base}/model-calls/").json()["results"]
     assert len(calls) == 2 and calls[0]["finish_reason"] == "tool_calls" and calls[1]["message_count"] == 3
     assert api_owner_a.get(f"{base}/").json()["usage"]["completion_tokens"] > 0
 
