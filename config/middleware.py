@@ -1,7 +1,8 @@
 """The edge of `/api/`: refuses, in the CONTRACT error shape, requests no view should see.
 
 - a declared body over `DATA_UPLOAD_MAX_MEMORY_SIZE` -> 413 `payload_too_large`, before it is
-  read (multipart uploads are left to Django, which counts only their non-file fields, and to
+  read (a chunked body, which declares no length, is measured in the ASGI handler's buffer and
+  given its Content-Length, so DRF reads it and the same limit applies) (multipart uploads are left to Django, which counts only their non-file fields, and to
   the exception handler in `config.api`);
 - a NUL character in the path or a query parameter -> 400 naming it (PostgreSQL cannot store
   or compare text holding NUL, so it would otherwise surface as a database error);
@@ -64,6 +65,8 @@ class ApiRequestGuardMiddleware:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             return None
+        if not length and request.method in ("POST", "PUT", "PATCH"):
+            length = _declare_buffered_length(request)
         if length <= limit:
             return None
         return _json(
@@ -104,6 +107,24 @@ class ApiRequestGuardMiddleware:
                 f"No API route matches {request.path}; did you mean {request.path}/ (with the trailing slash)?",
             )
         return _json(404, "not_found", f"No API route matches {request.path}.")
+
+
+def _declare_buffered_length(request) -> int:
+    """A chunked body has no Content-Length: DRF would read it as empty and Django would not
+    apply its size limit. The ASGI handler has already buffered the whole body (spooled to disk
+    when large), so measure it and declare its length; the caller then applies the same limit."""
+    stream = getattr(request, "_stream", None)
+    if stream is None or not hasattr(stream, "seek") or not hasattr(stream, "tell"):
+        return 0
+    try:
+        start = stream.tell()
+        size = stream.seek(0, 2) - start
+        stream.seek(start)
+    except (OSError, ValueError):
+        return 0
+    if size > 0:
+        request.META["CONTENT_LENGTH"] = str(size)
+    return size
 
 
 def _resolves(resolver, path: str) -> bool:
