@@ -11,11 +11,12 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
-from sessions_app.consumers import SessionConsumer  # noqa: E402
+from sessions_app.consumers import SessionConsumer, SessionListConsumer  # noqa: E402
 from tenancy_app.ws import RefusedConsumer, TenantAuthMiddlewareStack, WhoAmIConsumer  # noqa: E402
 
 websocket_urlpatterns = [
     path("ws/whoami/", WhoAmIConsumer.as_asgi()),
+    path("ws/sessions/", SessionListConsumer.as_asgi()),
     path("ws/sessions/<uuid:session_id>/", SessionConsumer.as_asgi()),
     # Last: any other path (or a malformed Session id) is refused at the handshake, where
     # URLRouter alone would raise and the server would answer 500.

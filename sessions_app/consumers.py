@@ -15,7 +15,7 @@ from tenancy_app.ws import CLOSE_NOT_FOUND, TenantScopedConsumer
 from .api.serializers import DecisionFrameSerializer, InputCreateSerializer
 from .models import Session, SessionEvent
 from .runtime import brain
-from .runtime.events import session_group
+from .runtime.events import session_group, tenant_sessions_group
 
 BACKLOG_PAGE = 500
 MAX_SEQ = 2**63 - 1
@@ -168,3 +168,27 @@ class SessionConsumer(TenantScopedConsumer):
             :BACKLOG_PAGE
         ]
         return [row.as_dict() for row in rows]
+
+
+class SessionListConsumer(TenantScopedConsumer):
+    """`/ws/sessions/`: `session.status` changes of the tenant's Sessions, for the list page.
+
+    Each frame is the Session's own log event plus `"session": "<id>"` (its `seq` is that
+    Session's). Nothing is replayed: a client loads `GET /api/v1/sessions/` after connecting
+    and applies the frames that follow. Only the tenant bound at the handshake is followed.
+    """
+
+    async def tenant_connect(self):
+        self.group = tenant_sessions_group(self.tenant.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code):
+        if getattr(self, "group", None):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def sessions_status(self, message):
+        await self.send_json(message["event"])
+
+    async def receive_json(self, content, **kwargs):
+        await self.send_error("unknown_frame", "This stream takes no client frames.")

@@ -23,6 +23,11 @@ def session_group(session_id) -> str:
     return f"session-{str(session_id).replace('-', '')}"
 
 
+def tenant_sessions_group(tenant_id) -> str:
+    """Where `session.status` changes of a tenant's Sessions are announced (`/ws/sessions/`)."""
+    return f"tenant-sessions-{tenant_id}"
+
+
 def emit(session: Session, type: str, data: dict) -> SessionEvent:
     """Append one event; `session` must be the row locked in the current transaction."""
     session.last_event_seq += 1
@@ -32,18 +37,30 @@ def emit(session: Session, type: str, data: dict) -> SessionEvent:
     )
     payload = event.as_dict()
     transaction.on_commit(lambda: broadcast(session.pk, {"type": "session.event", "event": payload}))
+    if type == "session.status":
+        # The list page follows every Session's status without one socket per Session.
+        listed = {**payload, "session": str(session.pk)}
+        transaction.on_commit(
+            lambda: _group_send(
+                tenant_sessions_group(session.tenant_id), {"type": "sessions.status", "event": listed}
+            )
+        )
     return event
 
 
 def broadcast(session_id, message: dict) -> None:
     """Best effort: a lost notification costs latency, never data (clients re-read the log)."""
+    _group_send(session_group(session_id), message)
+
+
+def _group_send(group: str, message: dict) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send)(session_group(session_id), message)
+        async_to_sync(layer.group_send)(group, message)
     except Exception:  # the log is the truth; a broken bus must not fail a committed operation
-        logger.warning("broadcast to session %s failed", session_id, exc_info=True)
+        logger.warning("broadcast to %s failed", group, exc_info=True)
 
 
 def broadcast_delta(session_id, model_call_id: int, text: str) -> None:

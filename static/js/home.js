@@ -1,5 +1,5 @@
-/* The workspace home: the current tenant's Sessions (GET /api/v1/sessions/) and the
- * new-session form (POST /api/v1/sessions/, then open it). */
+/* The workspace home: the current tenant's Sessions (GET /api/v1/sessions/, kept live by the
+ * `/ws/sessions/` status stream) and the new-session form (POST /api/v1/sessions/, then open it). */
 (function () {
   "use strict";
   const { api, el, statusBadge, timeElement, ApiError } = window.xagent;
@@ -16,7 +16,7 @@
   const goalInput = document.getElementById("new-session-goal");
   const formError = document.getElementById("new-session-error");
 
-  const REFRESH_MS = 15000;
+  const REFRESH_MS = 60000;
   let nextUrl = null;
   let pagesLoaded = 0;
   let loading = false;
@@ -111,10 +111,45 @@
 
   more.addEventListener("click", () => load({ append: true }));
   refresh.addEventListener("click", () => load());
-  // Statuses change while the list is open; refresh the first page unless more were loaded.
+
+  // Live: `/ws/sessions/` announces every status change of this tenant's Sessions (a new
+  // Session included). The API stays the one source of rows: a frame only says "reload the
+  // first page", coalesced, and never while more pages are open (that would drop them).
+  let reloadTimer = null;
+  function reloadSoon() {
+    if (pagesLoaded > 1 || reloadTimer) return;
+    reloadTimer = window.setTimeout(() => {
+      reloadTimer = null;
+      load();
+    }, 300);
+  }
+  function follow() {
+    const scheme = window.location.protocol === "https:" ? "wss" : "ws";
+    const socket = new WebSocket(`${scheme}://${window.location.host}/ws/sessions/`);
+    socket.addEventListener("message", (message) => {
+      let frame = null;
+      try {
+        frame = JSON.parse(message.data);
+      } catch (_) {
+        return;
+      }
+      if (frame && frame.type === "session.status") reloadSoon();
+    });
+    // Closed by a restart or a network change: reconnect, and catch up on what was missed.
+    socket.addEventListener("close", (event) => {
+      if (event.code === 4401) return; // logged out or removed from the tenant: stop
+      window.setTimeout(() => {
+        follow();
+        reloadSoon();
+      }, 3000);
+    });
+  }
+
+  // A safety net for a socket that is up but silent (e.g. a proxy dropping frames).
   window.setInterval(() => {
     if (document.visibilityState === "visible" && pagesLoaded <= 1) load();
   }, REFRESH_MS);
 
   load();
+  follow();
 })();

@@ -159,7 +159,8 @@ class TestProduction:
         assert s["broker"] == "redis://127.0.0.1:6379/0"
         assert s["channel_layer"] == "channels_redis.core.RedisChannelLayer"
         assert s["in_memory_layer"] is False
-        assert s["channel_hosts"] == ["redis://127.0.0.1:6379/0"]
+        # Reads get headroom over channels_redis's 5 s blocking pop (redis-py's default is also 5 s).
+        assert s["channel_hosts"] == [{"address": "redis://127.0.0.1:6379/0", "socket_timeout": 15}]
         assert s["cache"] == "django.core.cache.backends.redis.RedisCache"
         assert s["allowed_hosts"] == ["example.com", "api.example.com"]
         assert s["ssl_redirect"] is True and s["session_cookie_secure"] is True

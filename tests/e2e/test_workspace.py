@@ -212,6 +212,30 @@ def test_a_new_session_answers_a_message_live(page):
     expect(status).to_have_attribute("data-status", "idle")
 
 
+def test_the_session_list_follows_statuses_live(page):
+    """The home list follows `/ws/sessions/`: a Session created and run in another tab appears
+    and settles on the list without a reload (its own poll is a minute apart)."""
+    log_in(page)
+    expect(page.get_by_test_id("session-row").first).to_be_visible()
+    other = page.context.new_page()
+    other.set_default_timeout(UI_TIMEOUT_MS)
+    other.goto("/")
+    other.get_by_test_id("new-session-title").fill("Listed live")
+    other.get_by_test_id("new-session-submit").click()
+    expect(other).to_have_url(SESSION_URL)
+    session_id = other.url.rstrip("/").rsplit("/", 1)[-1]
+
+    row = page.locator(f"[data-testid=session-row][data-id='{session_id}']")
+    expect(row).to_have_attribute("data-status", "idle")
+    expect(row).to_contain_text("Listed live")
+
+    other.get_by_test_id("composer-input").fill("hello")
+    other.get_by_test_id("send-button").click()
+    expect(assistant_messages(other)).to_have_count(1, timeout=LIVE_TIMEOUT_MS)
+    expect(row).to_have_attribute("data-status", "idle", timeout=LIVE_TIMEOUT_MS)
+    other.close()
+
+
 # Lets a test cut the page's network for WebSockets: every socket stays reachable (to drop it),
 # and while `__offline` is set, new ones go to a closed port and fail like a dead network.
 CONTROL_SOCKETS = """(() => {
