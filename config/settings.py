@@ -361,9 +361,14 @@ REST_FRAMEWORK = {
     ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     # Per API key (or per browser user when no key is used); 429 `throttled` beyond the rate.
-    "DEFAULT_THROTTLE_CLASSES": ["tenancy_app.throttling.ApiKeyRateThrottle"],
+    # and per user across all their keys.
+    "DEFAULT_THROTTLE_CLASSES": [
+        "tenancy_app.throttling.ApiKeyRateThrottle",
+        "tenancy_app.throttling.UserRateThrottle",
+    ],
     "DEFAULT_THROTTLE_RATES": {
         "api_key": _read("XAGENT_THROTTLE_RATE", env.str, "1200/min"),
+        "user": _read("XAGENT_THROTTLE_USER_RATE", env.str, "3000/min"),
     },
 }
 SPECTACULAR_SETTINGS = {

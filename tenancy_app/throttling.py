@@ -43,6 +43,19 @@ class ApiKeyRateThrottle(SimpleRateThrottle):
         return self.cache_format % {"scope": self.scope, "ident": caller_ident(request)}
 
 
+class UserRateThrottle(ApiKeyRateThrottle):
+    """`DEFAULT_THROTTLE_RATES["user"]` per user, across all of their keys and the browser: a
+    user who mints many keys does not multiply their budget. Anonymous calls are left to the
+    per-address bucket of ApiKeyRateThrottle."""
+
+    scope = "user"
+
+    def get_cache_key(self, request, view):
+        if request.user is None or not request.user.is_authenticated:
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": f"user:{request.user.pk}"}
+
+
 def _slot_keys(ident: str) -> list[str]:
     limit = getattr(settings, "XAGENT_LONG_POLL_MAX_PER_KEY", 10)
     return [f"xagent:longpoll:{ident}:{n}" for n in range(limit)]

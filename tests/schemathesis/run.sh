@@ -51,7 +51,7 @@ export SECRET_KEY="${SECRET_KEY:-fuzz-$(head -c 48 /dev/urandom | base64 | tr -d
 export XAGENT_SECRETS_KEY="${XAGENT_SECRETS_KEY:-$(head -c 32 /dev/urandom | base64 | tr '+/' '-_')}"
 export ALLOWED_HOSTS="127.0.0.1,localhost" XAGENT_HTTPS=false DEBUG=false
 export XAGENT_WORKSPACES_DIR="$work/workspaces"
-export XAGENT_THROTTLE_RATE="100000/min"  # the fuzzer is one key sending far more than a person would
+export XAGENT_THROTTLE_RATE="100000/min" XAGENT_THROTTLE_USER_RATE="100000/min"  # the fuzzer is one key sending far more than a person would
 export PYTHONUNBUFFERED=1
 unset OPENAI_API_KEY OPENAI_BASE_URL XAGENT_MODEL  # the scripted demo model: no outside calls
 

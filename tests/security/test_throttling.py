@@ -65,6 +65,25 @@ class TestApiRate:
         assert answers == [200, 200, 200]
         assert_error_shape(second.get(ME), 429, "throttled")
 
+    def test_a_user_with_many_keys_has_one_user_budget(self, owner_a, tenant_a, settings):
+        from tests.factories import issue_key
+
+        settings.REST_FRAMEWORK = {
+            **settings.REST_FRAMEWORK,
+            "DEFAULT_THROTTLE_RATES": {"api_key": "100/min", "user": "4/min"},
+        }
+        cache.delete(f"throttle_user_user:{owner_a.pk}")
+        clients = []
+        for n in range(3):
+            client = APIClient()
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {issue_key(tenant_a, owner_a, f'k{n}')[1]}")
+            clients.append(client)
+
+        answers = [clients[n % 3].get(ME).status_code for n in range(4)]
+
+        assert answers == [200, 200, 200, 200]
+        assert_error_shape(clients[2].get(ME), 429, "throttled")  # a fresh key, the same user
+
     def test_a_long_poll_counts_in_the_keys_rate(self, api_owner_a, tenant_a, owner_a, tiny_rate):
         from tenancy_app.models import ApiKey
 
