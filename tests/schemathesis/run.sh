@@ -91,7 +91,11 @@ for _ in $(seq 1 90); do
   sleep 0.5
 done
 [ "$approval_id" != 0 ] || echo "note: the demo run parked no approval yet; approval ids stay random"
-export FUZZ_SESSION_ID="$session_id" FUZZ_APPROVAL_ID="$approval_id"
+# A key of its own for the api-keys/{id} operations: DELETE with a random id could otherwise
+# revoke the fuzzer's own key and leave the rest of the run with 401s.
+spare_key_id="$(curl -fsS -H "$auth" -H 'Content-Type: application/json' -d '{"name": "fuzz-spare"}' \
+  "${base}/api/v1/api-keys/" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["id"])')"
+export FUZZ_SESSION_ID="$session_id" FUZZ_APPROVAL_ID="$approval_id" FUZZ_SPARE_KEY_ID="$spare_key_id"
 
 log "schemathesis against ${base}/api/v1/schema/ (session ${session_id}, approval ${approval_id})"
 started=$(date +%s)
