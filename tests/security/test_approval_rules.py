@@ -13,6 +13,7 @@ from approvals_app.policy import CallFacts, evaluate, tool_facts
 from approvals_app.policy_models import ApprovalPolicy, ApprovalRule, compile_conditions
 from sessions_app.models import Message, SessionEvent
 from sessions_app.runtime import approvals, engine
+from tests.approvals.test_policy_admin import add_form
 from tests.runtime.helpers import assert_tool_pairs, drive_until_idle, new_session, send
 from tests.support.model_server import text_reply, tool_call, tool_reply
 from tools_app.catalog import resolve_available
@@ -85,21 +86,15 @@ class TestRegexEngine:
     def test_the_admin_form_refuses_a_backreference(self, owner_a, tenant_a):
         client = Client()
         client.force_login(owner_a)
-        data = {
-            "tenant": tenant_a.pk,
-            "name": "Backrefs",
-            "priority": 10,
-            "enabled": "on",
-            "rules-TOTAL_FORMS": 1,
-            "rules-INITIAL_FORMS": 0,
-            "rules-MIN_NUM_FORMS": 0,
-            "rules-MAX_NUM_FORMS": 1000,
-            "rules-0-position": 1,
-            "rules-0-enabled": "on",
-            "rules-0-argument_conditions": json.dumps([{"path": "paths[*]", "regex": r"(a)\1"}]),
-            "rules-0-action": PolicyAction.DENY,
-            "rules-0-deciders": "{}",
-        }
+        data = add_form(
+            tenant_a,
+            {
+                "argument_conditions": json.dumps([{"path": "paths[*]", "regex": r"(a)\1"}]),
+                "action": PolicyAction.DENY,
+                "deciders": "{}",
+            },
+            name="Backrefs",
+        )
 
         response = client.post("/admin/approvals_app/approvalpolicy/add/", data)
 

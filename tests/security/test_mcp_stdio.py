@@ -15,9 +15,7 @@ import sys
 
 import pytest
 from django.apps import apps
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.test import Client
 from django.utils.html import escape
 
 from tools_app.mcp.client import MCPError, connection_for
@@ -28,20 +26,6 @@ pytestmark = pytest.mark.django_db
 
 ADMIN = "/admin/tools_app/mcpserver"
 EXAMPLE = [sys.executable, "-m", "tools_app.mcp.example_server"]
-
-
-@pytest.fixture
-def owner_a_admin(owner_a):
-    client = Client()
-    client.force_login(owner_a)
-    return client
-
-
-@pytest.fixture
-def operator_admin(db):
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("root_op", "root@example.com", "pw"))
-    return client
 
 
 @pytest.fixture

@@ -14,8 +14,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx2
 import pytest
-from django.contrib.auth import get_user_model
-from django.test import Client
 
 from sessions_app.models import ModelConfig, Turn
 from sessions_app.runtime.llm.config import resolve_model
@@ -79,20 +77,6 @@ def example_server(tmp_path_factory):
     with running(cmd, dict(os.environ), log_path) as proc:
         wait_for_port(port, proc, log_path)
         yield port
-
-
-@pytest.fixture
-def owner_a_admin(owner_a):
-    client = Client()
-    client.force_login(owner_a)
-    return client
-
-
-@pytest.fixture
-def operator_admin(db):
-    client = Client()
-    client.force_login(get_user_model().objects.create_superuser("root_op", "root@example.com", "pw"))
-    return client
 
 
 def http_post(tenant, url, name="remote") -> dict:
