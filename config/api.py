@@ -115,7 +115,9 @@ def _describe(exc: exceptions.APIException, request=None) -> tuple[str, str, dic
         message = str(exc.detail)
     else:
         message = str(exc.default_detail)
-    return _CODE_NAMES.get(code, code), message, {}
+    # An exception may carry its own details (a limit and the size that passed it).
+    details = getattr(exc, "details", None)
+    return _CODE_NAMES.get(code, code), message, details if isinstance(details, dict) else {}
 
 
 def exception_handler(exc, context):

@@ -329,6 +329,11 @@ if XAGENT_MAX_OUTPUT_TOKENS >= XAGENT_CONTEXT_WINDOW:
 # unless the operator lists the host here ("host" or "host:port", comma-separated).
 XAGENT_OUTBOUND_ALLOWED_HOSTS = _read("XAGENT_OUTBOUND_ALLOWED_HOSTS", env.list, [])
 XAGENT_WORKSPACES_DIR = Path(_read("XAGENT_WORKSPACES_DIR", env.str, str(VAR_DIR / "workspaces")))
+# What a person may put in a workspace through the files API (413/400 beyond; the model's own
+# file tools have their per-file limits in tools_app.workspace).
+XAGENT_UPLOAD_MAX_BYTES = _positive_int("XAGENT_UPLOAD_MAX_BYTES", 25 * 1024 * 1024)
+XAGENT_WORKSPACE_MAX_FILES = _positive_int("XAGENT_WORKSPACE_MAX_FILES", 2000)
+XAGENT_WORKSPACE_MAX_BYTES = _positive_int("XAGENT_WORKSPACE_MAX_BYTES", 500 * 1024 * 1024)
 
 # --- REST framework ----------------------------------------------------------------------------
 

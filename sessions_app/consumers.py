@@ -15,6 +15,7 @@ from tenancy_app.ws import CLOSE_NOT_FOUND, TenantScopedConsumer
 from .api.serializers import DecisionFrameSerializer, InputCreateSerializer
 from .models import Session, SessionEvent
 from .runtime import brain
+from .runtime.engine import workspace_path
 from .runtime.events import session_group, tenant_sessions_group
 
 BACKLOG_PAGE = 500
@@ -78,7 +79,7 @@ class SessionConsumer(TenantScopedConsumer):
         kind = content.get("type") if isinstance(content, dict) else None
         if kind == "input":
             # The same serializer, limits and owner operation as POST /sessions/{id}/inputs/.
-            body = InputCreateSerializer(data=content)
+            body = InputCreateSerializer(data=content, context={"workspace": workspace_path(self.session)})
             if not body.is_valid():
                 await self.send_error(
                     "validation_error", "The input frame is not valid; see details.", details=body.errors

@@ -301,3 +301,33 @@ class SessionCapability(TenantOwnedModel):
         constraints = [
             models.UniqueConstraint(fields=["session", "kind", "name"], name="unique_session_capability")
         ]
+
+
+class Delivery(TenantOwnedModel):
+    """What a completed turn delivered, checked by the product, not by the model.
+
+    Written by SessionEngine in the same transaction that ends the turn `completed`
+    (`engine.finish_turn`). `checks` come from real parsers run on each file
+    (`sessions_app.artifacts`); `unresolved_failures` are the turn's failed tool calls that no
+    later successful call of the same tool on the same target made good. A model saying
+    "validated" is never evidence; these rows are.
+    """
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="deliveries")
+    turn = models.OneToOneField(Turn, on_delete=models.CASCADE, related_name="delivery")
+    final_answer = models.TextField(blank=True)
+    # [{"path", "size", "sha256"}]
+    files = models.JSONField(default=list)
+    # [{"path", "check", "ok", "detail", "facts"}]
+    checks = models.JSONField(default=list)
+    # [{"call_id", "tool", "summary"}]
+    unresolved_failures = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name_plural = "deliveries"
+
+    @property
+    def checks_ok(self) -> bool:
+        return all(check.get("ok") for check in self.checks)

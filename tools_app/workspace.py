@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
@@ -143,3 +145,128 @@ def list_tree(workspace: Path, under: str = "", *, max_entries: int | None = Non
             except OSError:
                 continue
     return sorted(entries, key=lambda e: e["path"])
+
+
+# --- a person's own file operations (the files API) -------------------------------------------
+
+
+class WorkspaceLimitExceeded(ToolError):
+    """An upload would pass a workspace limit; `status` is the HTTP status the API answers."""
+
+    def __init__(self, message: str, *, code: str, status: int, details: dict):
+        super().__init__(message, code=code)
+        self.status, self.details = status, details
+
+
+def workspace_usage(workspace: Path, *, stop_after_files: int | None = None) -> tuple[int, int]:
+    """(files, bytes) in the workspace, symlinks not followed; stops counting past `stop_after_files`."""
+    root = _root_of(workspace)
+    files = size = 0
+    stack = [root]
+    while stack:
+        try:
+            children = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for child in children:
+            try:
+                if child.is_dir(follow_symlinks=False):
+                    stack.append(Path(child.path))
+                elif child.is_file(follow_symlinks=False):
+                    files += 1
+                    size += child.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+            if stop_after_files is not None and files > stop_after_files:
+                return files, size
+    return files, size
+
+
+def upload_destination(workspace: Path, file_name: str, user_path: str | None) -> Path:
+    """Where an uploaded file lands: `user_path` (a directory when it ends in "/") or its own name."""
+    name = PurePosixPath(file_name.replace("\\", "/")).name
+    if not name or name in (".", ".."):
+        raise ToolError("the uploaded file has no usable name; give a `path`", code="invalid_path")
+    target = user_path.strip() if user_path else ""
+    if not target:
+        target = name
+    elif target.endswith("/"):
+        target = target + name
+    path = resolve_in_workspace(workspace, target)
+    if path == _root_of(workspace) or path.is_dir():
+        raise ToolError(
+            f"{target!r} is a directory; end the path with '/' to upload into it", code="is_a_directory"
+        )
+    return path
+
+
+def save_upload(
+    workspace: Path,
+    path: Path,
+    chunks,
+    *,
+    size: int,
+    max_bytes: int,
+    max_files: int,
+    max_workspace_bytes: int,
+) -> str:
+    """Write an uploaded file at `path` (already resolved inside `workspace`) atomically, within
+    the limits. Returns "created" or "modified"."""
+    if size > max_bytes:
+        raise WorkspaceLimitExceeded(
+            f"the file is {size:,} bytes, over the {max_bytes:,}-byte upload limit",
+            code="file_too_large",
+            status=413,
+            details={"size": size, "limit_bytes": max_bytes},
+        )
+    existed = path.is_file()
+    replaced = path.stat().st_size if existed else 0
+    files, used = workspace_usage(workspace, stop_after_files=max_files)
+    if not existed and files >= max_files:
+        raise WorkspaceLimitExceeded(
+            f"the workspace already holds {max_files:,} files, its limit; delete some first",
+            code="too_many_files",
+            status=400,
+            details={"files": files, "limit_files": max_files},
+        )
+    if used - replaced + size > max_workspace_bytes:
+        raise WorkspaceLimitExceeded(
+            f"the workspace would hold {used - replaced + size:,} bytes, over its {max_workspace_bytes:,}-byte limit",
+            code="workspace_full",
+            status=413,
+            details={"used_bytes": used, "size": size, "limit_bytes": max_workspace_bytes},
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".upload")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+        os.chmod(tmp, 0o644)
+        # rename replaces the directory entry itself, so it never writes through a link.
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return "modified" if existed else "created"
+
+
+def delete_path(workspace: Path, user_path: str) -> tuple[str, str]:
+    """Delete a file, a symlink or a directory tree; returns (workspace-relative path, kind)."""
+    root = _root_of(workspace)
+    if "\x00" in user_path:
+        raise _escape(user_path, "it contains a NUL byte")
+    # Resolve the parent only: deleting a symlink removes the link, never what it points to.
+    parent = resolve_in_workspace(root, str(PurePosixPath(user_path).parent) or ".", must_exist=True)
+    name = PurePosixPath(user_path).name
+    if name in ("", ".", "..") or (parent == root and not name):
+        raise ToolError("the workspace itself cannot be deleted", code="invalid_path", stage=RESOLVE_STAGE)
+    target = parent / name
+    if not os.path.lexists(target):
+        raise ToolError(f"{user_path!r} does not exist", code="not_found", stage=RESOLVE_STAGE)
+    rel = target.relative_to(root).as_posix()
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+        return rel, "dir"
+    target.unlink()
+    return rel, "file"

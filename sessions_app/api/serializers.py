@@ -1,11 +1,11 @@
-from pathlib import PurePosixPath
-
 from rest_framework import serializers
 
 from config.api import ParameterError
+from tools_app.base import ToolError
+from tools_app.workspace import relative_posix, resolve_in_workspace
 
 from ..choices import InputKind, InputStatus, PlanTaskStatus, SessionKind
-from ..models import Input, Message, ModelCall, ModelConfig, Session, SessionEvent
+from ..models import Delivery, Input, Message, ModelCall, ModelConfig, Session, SessionEvent
 from ..runtime.llm.config import resolve_model
 
 IDEMPOTENCY_KEY_MAX_LENGTH = Input._meta.get_field("idempotency_key").max_length
@@ -120,13 +120,24 @@ class InputCreateSerializer(serializers.Serializer):
         return value
 
     def validate_attachments(self, value: list[str]) -> list[str]:
+        """Files of the Session's workspace, checked by the rule the file tools use: they must
+        exist (an upload comes first), and `..`, absolute paths and symlinks out are refused."""
+        workspace = self.context.get("workspace")
+        normalized = []
         for path in value:
-            parts = PurePosixPath(path).parts
-            if not path.strip() or path.startswith("/") or "\\" in path or ".." in parts:
-                raise serializers.ValidationError(
-                    f"{path[:100]!r} is not a relative path inside the workspace.", code="path_escape"
-                )
-        return value
+            if not path.strip():
+                raise serializers.ValidationError("An attachment path may not be blank.", code="blank")
+            if workspace is None:  # schema generation
+                normalized.append(path)
+                continue
+            try:
+                resolved = resolve_in_workspace(workspace, path, must_exist=True)
+            except ToolError as exc:
+                raise serializers.ValidationError(f"{path[:200]!r}: {exc}", code=exc.code) from None
+            if resolved.is_dir():
+                raise serializers.ValidationError(f"{path[:200]!r} is a directory.", code="is_a_directory")
+            normalized.append(relative_posix(workspace, resolved))
+        return list(dict.fromkeys(normalized))
 
 
 def validated_idempotency_key(request) -> str | None:
@@ -255,3 +266,56 @@ class DecisionFrameSerializer(DecisionSerializer):
     """A WebSocket `decide` frame: the REST body plus the approval it is about."""
 
     approval_id = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
+
+
+class WorkspaceEntrySerializer(serializers.Serializer):
+    path = serializers.CharField()
+    size = serializers.IntegerField()
+    modified_at = serializers.DateTimeField()
+    kind = serializers.ChoiceField(choices=["file", "dir"])
+
+
+class DeliveredFileSerializer(serializers.Serializer):
+    path = serializers.CharField()
+    size = serializers.IntegerField()
+    sha256 = serializers.CharField()
+
+
+class ArtifactCheckSerializer(serializers.Serializer):
+    path = serializers.CharField()
+    check = serializers.CharField(help_text="csv, html, json, markdown, text, image, pdf, exists")
+    ok = serializers.BooleanField()
+    detail = serializers.CharField()
+    facts = serializers.DictField(help_text="what the parser found: rows, columns, header, tables, pages…")
+
+
+class UnresolvedFailureSerializer(serializers.Serializer):
+    call_id = serializers.CharField()
+    tool = serializers.CharField()
+    summary = serializers.CharField()
+
+
+class DeliverySerializer(serializers.ModelSerializer):
+    """A completed turn's delivery record: machine checks by real parsers, never the model's word."""
+
+    turn = serializers.IntegerField(source="turn_id")
+    turn_number = serializers.IntegerField(source="turn.number")
+    files = DeliveredFileSerializer(many=True)
+    checks = ArtifactCheckSerializer(many=True)
+    unresolved_failures = UnresolvedFailureSerializer(many=True)
+    checks_ok = serializers.BooleanField()
+
+    class Meta:
+        model = Delivery
+        fields = [
+            "id",
+            "turn",
+            "turn_number",
+            "final_answer",
+            "files",
+            "checks",
+            "unresolved_failures",
+            "checks_ok",
+            "created_at",
+        ]
+        read_only_fields = fields

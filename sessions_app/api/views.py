@@ -21,6 +21,7 @@ from ..choices import SessionStatus
 from ..models import ModelCall, Plan, Session
 from ..runtime import approvals, brain, engine
 from . import longpoll
+from .files import SessionFilesMixin
 from .pagination import HistoryPagination
 from .serializers import (
     ApprovalSerializer,
@@ -58,6 +59,7 @@ def _int_param(request, name: str, default: int = 0) -> int:
 
 
 class SessionViewSet(
+    SessionFilesMixin,
     mixins.ListModelMixin,
     mixins.CreateModelMixin,
     mixins.RetrieveModelMixin,
@@ -125,7 +127,7 @@ class SessionViewSet(
     @action(detail=True, methods=["post"])
     def inputs(self, request, pk=None):
         session = self.get_object()
-        body = InputCreateSerializer(data=request.data)
+        body = InputCreateSerializer(data=request.data, context={"workspace": engine.workspace_path(session)})
         body.is_valid(raise_exception=True)
         created_input, created = brain.submit_input(
             session,

@@ -22,7 +22,19 @@ from django.db.models import F
 from django.utils import timezone
 
 from ..choices import InputKind, InputStatus, PlanTaskStatus, Role, SessionKind, SessionStatus, TurnReason
-from ..models import Input, Message, ModelCall, Plan, PlanTask, PromptBlob, Session, SessionCapability, Turn
+from ..models import (
+    Delivery,
+    Input,
+    Message,
+    ModelCall,
+    Plan,
+    PlanTask,
+    PromptBlob,
+    Session,
+    SessionCapability,
+    Turn,
+)
+from . import deliveries
 from .events import emit
 from .llm.config import EffectiveModel, resolve_model
 from .llm.tokens import estimate_request_tokens
@@ -64,7 +76,11 @@ def locked_session(session_id, token=None):
 
 
 def workspace_path(session: Session) -> Path:
-    return Path(settings.XAGENT_WORKSPACES_DIR) / str(session.tenant_id) / str(session.pk)
+    return workspace_dir(session.tenant_id, session.pk)
+
+
+def workspace_dir(tenant_id: int, session_id) -> Path:
+    return Path(settings.XAGENT_WORKSPACES_DIR) / str(tenant_id) / str(session_id)
 
 
 # --- sessions and inputs -----------------------------------------------------------------------
@@ -285,8 +301,42 @@ def end_turn(session: Session, turn: Turn, reason: str, detail: str = "") -> Non
 
 
 def finish_turn(session_id, token, turn_id: int, reason: str, detail: str = "") -> None:
+    """End the runner's turn. A `completed` turn gets its delivery record in the same commit,
+    announced before `turn.ended` so a client that stops at the turn's end has seen it."""
+    facts = None
+    if reason == TurnReason.COMPLETED:
+        turn = Turn.objects.get(pk=turn_id)
+        if turn.ended_at is None:
+            # Reading and parsing the files happens before the lock is taken.
+            facts = deliveries.gather(turn, workspace_dir(turn.tenant_id, session_id))
     with locked_session(session_id, token) as session:
-        end_turn(session, Turn.objects.get(pk=turn_id), reason, detail)
+        turn = Turn.objects.get(pk=turn_id)
+        if facts is not None and turn.ended_at is None:
+            _record_delivery(session, turn, facts)
+        end_turn(session, turn, reason, detail)
+
+
+def _record_delivery(session: Session, turn: Turn, facts: deliveries.DeliveryFacts) -> Delivery:
+    delivery = Delivery.objects.create(
+        tenant_id=session.tenant_id,
+        session=session,
+        turn=turn,
+        final_answer=facts.final_answer,
+        files=facts.files,
+        checks=facts.checks,
+        unresolved_failures=facts.unresolved_failures,
+    )
+    emit(
+        session,
+        "delivery.recorded",
+        {
+            "delivery_id": delivery.pk,
+            "turn_id": turn.pk,
+            "checks_ok": delivery.checks_ok,
+            "unresolved": len(facts.unresolved_failures),
+        },
+    )
+    return delivery
 
 
 def consume_interrupts(session_id, token, on_parked=None) -> bool:
@@ -460,6 +510,15 @@ def plan_update(session_id, token, updates: list[dict]) -> dict:
 def file_changed(session_id, token, path: str, op: str) -> None:
     with locked_session(session_id, token) as session:
         emit(session, "file.changed", {"path": path, "op": op})
+
+
+def record_person_file_change(session_id, path: str, op: str, user) -> None:
+    """A person's own upload or delete (files API): announced like a tool's change, and audited
+    with who did it (`by`). No lease fence: a person may change files while a turn runs."""
+    username = getattr(user, "username", "") or "unknown"
+    with locked_session(session_id) as session:
+        emit(session, "file.changed", {"path": path, "op": op, "by": username})
+    logger.info("workspace file %s %s by %s (session %s)", path, op, username, session_id)
 
 
 # --- context assembly and evidence ------------------------------------------------------------

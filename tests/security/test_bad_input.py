@@ -187,11 +187,21 @@ class TestInputLimits:
         assert field in assert_error_shape(response, 400, "validation_error")["details"]
 
     def test_an_attachment_inside_the_workspace_is_accepted(self, api_owner_a, session_a):
+        (engine.workspace_path(session_a) / "data").mkdir(parents=True, exist_ok=True)
+        (engine.workspace_path(session_a) / "data" / "tickets.csv").write_text("a,b\n")
         response = api_owner_a.post(
             inputs_url(session_a), {"text": "hi", "attachments": ["data/tickets.csv"]}, format="json"
         )
 
         assert response.status_code == 202
+
+    def test_an_attachment_that_is_not_in_the_workspace_is_400_naming_it(self, api_owner_a, session_a):
+        response = api_owner_a.post(
+            inputs_url(session_a), {"text": "hi", "attachments": ["missing.csv"]}, format="json"
+        )
+
+        details = assert_error_shape(response, 400, "validation_error")["details"]
+        assert "missing.csv" in str(details["attachments"])
 
 
 class TestIdempotencyKey:

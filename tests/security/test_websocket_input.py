@@ -136,6 +136,8 @@ class TestInputFramesFollowTheRestLimits:
         await communicator.disconnect()
 
     async def test_attachments_travel_with_the_input(self, session_a, key_a):
+        (engine.workspace_path(session_a) / "data").mkdir(parents=True, exist_ok=True)
+        (engine.workspace_path(session_a) / "data" / "a.csv").write_text("a,b\n")
         communicator = await open_stream(session_a, key_a[1])
         await communicator.send_json_to({"type": "input", "text": "see file", "attachments": ["data/a.csv"]})
 

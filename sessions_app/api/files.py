@@ -1,0 +1,317 @@
+"""The Session workspace over HTTP: tree, raw bytes, previews, a person's uploads and deletes,
+and the delivery records of completed turns.
+
+Every path goes through the one validator the file tools use (`tools_app.workspace`), so
+`..`, absolute paths, NUL and symlinks out answer 400 `path_escape` here exactly as they fail
+for the model. Raw bytes are served with `Content-Security-Policy: sandbox`: an HTML file the
+agent (or anyone) wrote runs in an opaque origin, with no access to the app's cookies or API,
+whether it is opened in the preview iframe or in its own tab.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.conf import settings
+from django.http import FileResponse
+from django.utils.http import content_disposition_header
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import exceptions, serializers, status
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import MultiPartParser
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+
+from config.api import PayloadTooLarge
+from config.schema import error
+from tools_app.base import ToolError
+from tools_app.workspace import (
+    WorkspaceLimitExceeded,
+    delete_path,
+    list_tree,
+    relative_posix,
+    resolve_in_workspace,
+    save_upload,
+    upload_destination,
+)
+
+from .. import artifacts
+from ..models import Delivery
+from ..runtime import engine
+from .serializers import DeliverySerializer, WorkspaceEntrySerializer
+
+MAX_TREE_ENTRIES = 5000
+# Multipart framing around the file (boundaries, part headers, the `path` field).
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
+
+# Scripts may run (a report may draw a chart), but in an opaque origin: no cookies, no storage,
+# no requests anywhere (`default-src 'none'`), no forms, no navigation of the app's window.
+RAW_FILE_CSP = (
+    "sandbox allow-scripts; default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; img-src data: blob:; font-src data:; media-src data: blob:"
+)
+
+
+class WorkspacePathError(exceptions.APIException):
+    """A path the workspace rule refuses, in the CONTRACT shape (`path_escape`, `not_found`, ...)."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+
+    def __init__(self, exc: ToolError, status_code: int | None = None):
+        super().__init__(detail=str(exc), code=exc.code)
+        if status_code is not None:
+            self.status_code = status_code
+
+
+class WorkspaceLimit(exceptions.APIException):
+    def __init__(self, exc: WorkspaceLimitExceeded):
+        super().__init__(detail=str(exc), code=exc.code)
+        self.status_code = exc.status
+        self.details = exc.details
+
+
+def path_error(exc: ToolError) -> exceptions.APIException:
+    if exc.code == "not_found":
+        return exceptions.NotFound(str(exc))
+    if exc.code == "workspace_missing":
+        return exceptions.NotFound("This Session has no workspace yet.")
+    return WorkspacePathError(exc)
+
+
+class JSONOnlyNegotiation(BaseContentNegotiation):
+    """The raw-file route answers bytes or a JSON error whatever the client's `Accept` says
+    (an `<img>` or an iframe asks for images or HTML, and must not get a 406)."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
+FILE_PATH_PARAMETER = OpenApiParameter(
+    "path", str, OpenApiParameter.PATH, description="file path relative to the workspace root"
+)
+UPLOAD_REQUEST = {
+    "multipart/form-data": {
+        "type": "object",
+        "properties": {
+            "file": {"type": "string", "format": "binary"},
+            "path": {
+                "type": "string",
+                "description": "destination in the workspace (default: the file's name); "
+                "ending in `/`, a directory to put it in",
+            },
+        },
+        "required": ["file"],
+    }
+}
+UPLOADED = inline_serializer(
+    "UploadedFile",
+    {
+        "path": serializers.CharField(),
+        "size": serializers.IntegerField(),
+        "op": serializers.ChoiceField(choices=["created", "modified"]),
+    },
+)
+
+
+class SessionFilesMixin:
+    """Actions of `SessionViewSet`: the Session comes from its tenant-scoped `get_object`."""
+
+    def _workspace(self):
+        session = self.get_object()
+        return session, engine.workspace_path(session)
+
+    def _resolve(self, workspace, user_path: str, *, must_exist: bool = True):
+        try:
+            return resolve_in_workspace(workspace, user_path, must_exist=must_exist)
+        except ToolError as exc:
+            raise path_error(exc) from None
+
+    def _raw_url(self, session, rel: str) -> str:
+        from urllib.parse import quote
+
+        return f"/api/v1/sessions/{session.pk}/files/{quote(rel)}"
+
+    @extend_schema(operation_id="sessions_files_list", responses=WorkspaceEntrySerializer(many=True))
+    def files_list(self, request, pk=None):
+        """The workspace tree: every file and directory, sorted by path (at most 5000 entries)."""
+        _, workspace = self._workspace()
+        if not workspace.is_dir():
+            return Response([])
+        entries = list_tree(workspace, max_entries=MAX_TREE_ENTRIES + 1)
+        response = Response(entries[:MAX_TREE_ENTRIES])
+        if len(entries) > MAX_TREE_ENTRIES:
+            response["X-Files-Truncated"] = "true"
+        return response
+
+    @extend_schema(
+        operation_id="sessions_files_upload",
+        request=UPLOAD_REQUEST,
+        responses={
+            201: UPLOADED,
+            400: error("`validation_error` (no `file`), `path_escape`, `is_a_directory`, `too_many_files`."),
+            413: error(
+                "`file_too_large` (XAGENT_UPLOAD_MAX_BYTES), `workspace_full` (XAGENT_WORKSPACE_MAX_BYTES)."
+            ),
+        },
+    )
+    def files_upload(self, request, pk=None):
+        """Upload one file (multipart `file`, optional `path`) into the workspace. It is
+        announced as `file.changed` with who uploaded it, and can be named in the next input's
+        `attachments`."""
+        session, workspace = self._workspace()
+        limit = settings.XAGENT_UPLOAD_MAX_BYTES
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit + MULTIPART_OVERHEAD_BYTES:
+            raise PayloadTooLarge(
+                f"The upload is larger than this server accepts ({limit:,} bytes per file)."
+            )
+        upload = request.data.get("file")
+        if upload is None or not hasattr(upload, "chunks"):
+            raise serializers.ValidationError({"file": ["Send the file as the multipart field `file`."]})
+        user_path = request.data.get("path")
+        if user_path is not None and (not isinstance(user_path, str) or len(user_path) > 1000):
+            raise serializers.ValidationError({"path": ["A relative path of at most 1000 characters."]})
+        workspace.mkdir(parents=True, exist_ok=True)
+        try:
+            target = upload_destination(workspace, upload.name or "", user_path)
+            op = save_upload(
+                workspace,
+                target,
+                upload.chunks(),
+                size=upload.size,
+                max_bytes=limit,
+                max_files=settings.XAGENT_WORKSPACE_MAX_FILES,
+                max_workspace_bytes=settings.XAGENT_WORKSPACE_MAX_BYTES,
+            )
+        except WorkspaceLimitExceeded as exc:
+            raise WorkspaceLimit(exc) from None
+        except ToolError as exc:
+            raise path_error(exc) from None
+        rel = relative_posix(workspace, target)
+        engine.record_person_file_change(session.pk, rel, op, request.user)
+        return Response({"path": rel, "size": upload.size, "op": op}, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        operation_id="sessions_files_retrieve",
+        parameters=[
+            FILE_PATH_PARAMETER,
+            OpenApiParameter("download", bool, description="`1`: `Content-Disposition: attachment`"),
+        ],
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="the file's bytes, with its content type"
+            ),
+            400: error("`path_escape` or `is_a_directory`."),
+        },
+    )
+    def file_content(self, request, pk=None, path=""):
+        """The file's bytes with its content type. Served inline (or as an attachment with
+        `?download=1`) under `Content-Security-Policy: sandbox`."""
+        _, workspace = self._workspace()
+        resolved = self._resolve(workspace, path)
+        if resolved.is_dir():
+            raise WorkspacePathError(ToolError(f"{path!r} is a directory", code="is_a_directory"))
+        try:
+            handle = open(os.open(resolved, os.O_RDONLY | os.O_NOFOLLOW), "rb")  # noqa: SIM115 (FileResponse closes it)
+        except OSError as exc:
+            raise exceptions.NotFound(f"{path!r} could not be opened: {exc.strerror or exc}") from None
+        as_attachment = request.query_params.get("download") in ("1", "true", "yes")
+        response = FileResponse(handle, content_type=artifacts.content_type_of(resolved.name))
+        response["Content-Disposition"] = content_disposition_header(as_attachment, resolved.name)
+        response["Content-Security-Policy"] = RAW_FILE_CSP
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Cache-Control"] = "private, no-cache"
+        response["Cross-Origin-Resource-Policy"] = "same-origin"
+        # The Session page frames HTML previews; nothing else may.
+        response["X-Frame-Options"] = "SAMEORIGIN"
+        return response
+
+    @extend_schema(
+        operation_id="sessions_files_destroy",
+        parameters=[FILE_PATH_PARAMETER],
+        responses={204: None, 400: error("`path_escape` or `invalid_path` (the workspace itself).")},
+    )
+    def file_delete(self, request, pk=None, path=""):
+        """Delete a file or a directory tree: a person's own action, so no approval; it is
+        announced as `file.changed` `deleted` with who did it, and logged."""
+        session, workspace = self._workspace()
+        try:
+            rel, _ = delete_path(workspace, path)
+        except ToolError as exc:
+            raise path_error(exc) from None
+        engine.record_person_file_change(session.pk, rel, "deleted", request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        operation_id="sessions_previews_retrieve",
+        parameters=[FILE_PATH_PARAMETER],
+        responses={
+            200: inline_serializer(
+                "FilePreview",
+                {
+                    "path": serializers.CharField(),
+                    "kind": serializers.ChoiceField(
+                        choices=["html", "image", "pdf", "csv", "markdown", "text", "binary"]
+                    ),
+                    "size": serializers.IntegerField(),
+                    "content_type": serializers.CharField(),
+                    "url": serializers.CharField(required=False),
+                    "header": serializers.ListField(child=serializers.CharField(), required=False),
+                    "rows": serializers.ListField(
+                        child=serializers.ListField(child=serializers.CharField()), required=False
+                    ),
+                    "row_count": serializers.IntegerField(required=False),
+                    "column_count": serializers.IntegerField(required=False),
+                    "html": serializers.CharField(required=False, help_text="sanitized (nh3)"),
+                    "text": serializers.CharField(required=False),
+                    "line_count": serializers.IntegerField(required=False),
+                    "truncated": serializers.BooleanField(required=False),
+                    "message": serializers.CharField(required=False),
+                },
+            ),
+            400: error("`path_escape` or `is_a_directory`."),
+        },
+    )
+    def file_preview(self, request, pk=None, path=""):
+        """What the Session page shows of a file: a CSV table (first 100 rows, with counts),
+        Markdown rendered and sanitized, text, or the raw URL for HTML, images and PDF."""
+        session, workspace = self._workspace()
+        resolved = self._resolve(workspace, path)
+        if resolved.is_dir():
+            raise WorkspacePathError(ToolError(f"{path!r} is a directory", code="is_a_directory"))
+        rel = relative_posix(workspace, resolved)
+        try:
+            return Response(artifacts.preview(resolved, rel, self._raw_url(session, rel)))
+        except OSError as exc:
+            raise exceptions.NotFound(f"{path!r} could not be read: {exc.strerror or exc}") from None
+
+    @extend_schema(operation_id="sessions_deliveries_list", responses=DeliverySerializer(many=True))
+    def deliveries_list(self, request, pk=None):
+        """Delivery records of the Session's completed turns, oldest first."""
+        session = self.get_object()
+        rows = Delivery.objects.filter(session=session).select_related("turn")
+        page = self.paginate_queryset(rows)
+        return self.get_paginated_response(DeliverySerializer(page, many=True).data)
+
+    @extend_schema(
+        operation_id="sessions_deliveries_retrieve",
+        parameters=[OpenApiParameter("delivery_id", int, OpenApiParameter.PATH)],
+        responses=DeliverySerializer,
+    )
+    def delivery_detail(self, request, pk=None, delivery_id=None):
+        session = self.get_object()
+        delivery = Delivery.objects.filter(session=session, pk=delivery_id).select_related("turn").first()
+        if delivery is None:
+            raise exceptions.NotFound("No delivery matches the given query.")
+        return Response(DeliverySerializer(delivery).data)
+
+
+FILE_PARSERS = [MultiPartParser]
+FILE_RENDERERS = [JSONRenderer]

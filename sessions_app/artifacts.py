@@ -1,0 +1,400 @@
+"""What a workspace file is, established by real parsers: machine checks and previews.
+
+`check_file` is the evidence a delivery record keeps (ARCHITECTURE: the product, not the
+model, says whether an artifact is what it claims to be): a CSV parses with `csv`, HTML with
+html5lib (listing its tables and headings), JSON with `json`, text decodes as UTF-8, an image
+opens with Pillow, a PDF with pypdf. `preview` is what the Session page shows of a file: a
+table for CSV, sanitized HTML (nh3) for Markdown, numbered text, or a URL for the kinds the
+browser renders itself. Both read at most a bounded number of bytes, so a huge or hostile file
+cannot stall the worker or the web process.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Files larger than this are listed in a delivery but not parsed.
+MAX_CHECK_BYTES = 20 * 1024 * 1024
+MAX_IMAGE_PIXELS = 80_000_000
+SAMPLE_ROWS = 50
+PREVIEW_ROWS = 100
+PREVIEW_TEXT_BYTES = 256 * 1024
+PREVIEW_MARKDOWN_BYTES = 512 * 1024
+MAX_CELL_CHARS = 500
+MAX_LISTED = 50
+
+CSV_SUFFIXES = {".csv", ".tsv"}
+HTML_SUFFIXES = {".html", ".htm"}
+JSON_SUFFIXES = {".json"}
+MARKDOWN_SUFFIXES = {".md", ".markdown"}
+TEXT_SUFFIXES = {
+    ".txt", ".log", ".py", ".js", ".ts", ".css", ".yaml", ".yml", ".toml", ".ini", ".cfg",
+    ".xml", ".sh", ".sql", ".rst", ".jsonl", ".svg",
+}  # fmt: skip
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp"}
+PDF_SUFFIXES = {".pdf"}
+
+
+@dataclass
+class Check:
+    path: str
+    check: str
+    ok: bool
+    detail: str
+    facts: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "check": self.check,
+            "ok": self.ok,
+            "detail": self.detail,
+            "facts": self.facts,
+        }
+
+
+def kind_of(path: str) -> str:
+    suffix = Path(path).suffix.lower()
+    for kind, suffixes in (
+        ("csv", CSV_SUFFIXES),
+        ("html", HTML_SUFFIXES),
+        ("json", JSON_SUFFIXES),
+        ("markdown", MARKDOWN_SUFFIXES),
+        ("text", TEXT_SUFFIXES),
+        ("image", IMAGE_SUFFIXES),
+        ("pdf", PDF_SUFFIXES),
+    ):
+        if suffix in suffixes:
+            return kind
+    return "binary"
+
+
+# Our own table, not the host's /etc/mime.types (which varies by machine and calls `.xyz` a
+# chemical); anything else is served as bytes to download.
+CONTENT_TYPES = {
+    ".html": "text/html", ".htm": "text/html", ".csv": "text/csv", ".tsv": "text/tab-separated-values",
+    ".json": "application/json", ".md": "text/markdown", ".markdown": "text/markdown",
+    ".txt": "text/plain", ".log": "text/plain", ".py": "text/plain", ".js": "text/plain",
+    ".ts": "text/plain", ".css": "text/css", ".yaml": "text/plain", ".yml": "text/plain",
+    ".toml": "text/plain", ".ini": "text/plain", ".cfg": "text/plain", ".xml": "application/xml",
+    ".sh": "text/plain", ".sql": "text/plain", ".rst": "text/plain", ".jsonl": "text/plain",
+    ".svg": "image/svg+xml", ".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
+    ".gif": "image/gif", ".webp": "image/webp", ".bmp": "image/bmp", ".pdf": "application/pdf",
+    ".zip": "application/zip", ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    ".xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+}  # fmt: skip
+
+
+def content_type_of(path: str) -> str:
+    guessed = CONTENT_TYPES.get(Path(path).suffix.lower())
+    if not guessed:
+        return "application/octet-stream"
+    if guessed.startswith("text/") or guessed in ("application/json", "image/svg+xml"):
+        return f"{guessed}; charset=utf-8"
+    return guessed
+
+
+def _cell(value: str) -> str:
+    return value if len(value) <= MAX_CELL_CHARS else value[:MAX_CELL_CHARS] + "…"
+
+
+def _read_bytes(path: Path, limit: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(limit)
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8-sig")
+
+
+def _csv_dialect(text: str, path: str):
+    return "excel-tab" if path.lower().endswith(".tsv") else "excel"
+
+
+# --- machine checks ---------------------------------------------------------------------------
+
+
+def _check_csv(rel: str, data: bytes) -> Check:
+    text = _decode(data)
+    rows = list(csv.reader(io.StringIO(text, newline=""), dialect=_csv_dialect(text, rel), strict=True))
+    rows = [row for row in rows if row]  # a trailing blank line is not a row
+    if not rows:
+        return Check(rel, "csv", False, "the file holds no CSV rows")
+    header, body = rows[0], rows[1:]
+    widths = {len(row) for row in body}
+    ragged = sorted(i + 2 for i, row in enumerate(body) if len(row) != len(header))[:10]
+    facts = {
+        "rows": len(body),
+        "columns": len(header),
+        "header": [_cell(h) for h in header],
+        "sample_rows": [[_cell(c) for c in row] for row in body[:SAMPLE_ROWS]],
+    }
+    if ragged:
+        facts["ragged_lines"] = ragged
+        return Check(
+            rel,
+            "csv",
+            False,
+            f"{len(body)} rows, but rows have {sorted(widths)} columns against a header of {len(header)} "
+            f"(first at line {ragged[0]})",
+            facts,
+        )
+    return Check(
+        rel, "csv", True, f"{len(body)} rows × {len(header)} columns; header: {', '.join(header)}", facts
+    )
+
+
+def _text_of(element) -> str:
+    return " ".join("".join(element.itertext()).split())
+
+
+def _check_html(rel: str, data: bytes) -> Check:
+    import html5lib
+
+    parser = html5lib.HTMLParser(namespaceHTMLElements=False)
+    document = parser.parse(data)
+    errors = len(parser.errors)
+    title = document.find(".//title")
+    headings = [
+        {"level": int(el.tag[1]), "text": _text_of(el)[:200]}
+        for el in document.iter()
+        if isinstance(el.tag, str) and el.tag in ("h1", "h2", "h3", "h4", "h5", "h6")
+    ][:MAX_LISTED]
+    tables = []
+    for table in document.iter("table"):
+        rows = [tr for tr in table.iter("tr")]
+        first = rows[0] if rows else None
+        headers = [_text_of(c)[:100] for c in first if c.tag in ("th", "td")] if first is not None else []
+        caption = table.find("caption")
+        tables.append(
+            {
+                "id": table.get("id", ""),
+                "caption": _text_of(caption)[:200] if caption is not None else "",
+                "headers": headers,
+                "rows": max(len(rows) - 1, 0)
+                if first is not None and first.find("th") is not None
+                else len(rows),
+                "cells": [
+                    [_text_of(c)[:MAX_CELL_CHARS] for c in tr if c.tag in ("th", "td")]
+                    for tr in rows[:SAMPLE_ROWS]
+                ],
+            }
+        )
+        if len(tables) >= MAX_LISTED:
+            break
+    body = document.find("body")
+    text_length = len(_text_of(body)) if body is not None else 0
+    facts = {
+        "title": _text_of(title)[:200] if title is not None else "",
+        "headings": headings,
+        "tables": tables,
+        "text_length": text_length,
+        "parse_errors": errors,
+    }
+    if text_length == 0 and not tables:
+        return Check(rel, "html", False, "the document parses but has no visible text", facts)
+    summary = f"{len(tables)} table(s), {len(headings)} heading(s)"
+    if facts["title"]:
+        summary += f"; title: {facts['title']}"
+    return Check(rel, "html", True, summary, facts)
+
+
+def _check_json(rel: str, data: bytes) -> Check:
+    value = json.loads(_decode(data))
+    shape = type(value).__name__
+    facts: dict = {"type": shape}
+    if isinstance(value, dict):
+        facts["keys"] = list(value)[:MAX_LISTED]
+        return Check(rel, "json", True, f"an object with {len(value)} key(s)", facts)
+    if isinstance(value, list):
+        facts["items"] = len(value)
+        return Check(rel, "json", True, f"an array of {len(value)} item(s)", facts)
+    return Check(rel, "json", True, f"a JSON {shape}", facts)
+
+
+def _check_text(rel: str, data: bytes, check: str) -> Check:
+    text = _decode(data)
+    lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+    facts: dict = {"lines": lines, "characters": len(text)}
+    if check == "markdown":
+        facts["headings"] = [
+            line.lstrip("#").strip()[:200] for line in text.splitlines() if line.startswith("#")
+        ][:MAX_LISTED]
+    if not text.strip():
+        return Check(rel, check, False, "the file is empty", facts)
+    return Check(rel, check, True, f"UTF-8 text, {lines} line(s)", facts)
+
+
+def _check_image(rel: str, path: Path) -> Check:
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+        with Image.open(path) as image:
+            image.verify()
+            facts = {"format": image.format, "width": image.width, "height": image.height}
+    return Check(rel, "image", True, f"{facts['format']} image, {facts['width']}×{facts['height']}", facts)
+
+
+def _check_pdf(rel: str, path: Path) -> Check:
+    from pypdf import PdfReader
+
+    reader = PdfReader(path, strict=False)
+    pages = len(reader.pages)
+    facts = {"pages": pages}
+    if pages == 0:
+        return Check(rel, "pdf", False, "the PDF has no pages", facts)
+    return Check(rel, "pdf", True, f"PDF, {pages} page(s)", facts)
+
+
+def check_file(path: Path, rel: str) -> Check:
+    """The machine check for one file, chosen by its name; never raises for bad content."""
+    kind = kind_of(rel)
+    try:
+        size = path.stat().st_size
+        if size > MAX_CHECK_BYTES:
+            return Check(rel, kind, False, f"{size} bytes: too large to check (limit {MAX_CHECK_BYTES})")
+        if kind == "image":
+            return _check_image(rel, path)
+        if kind == "pdf":
+            return _check_pdf(rel, path)
+        if kind == "binary":
+            return Check(
+                rel, "exists", True, f"{size} bytes (no parser for this kind of file)", {"size": size}
+            )
+        data = _read_bytes(path, MAX_CHECK_BYTES)
+        if kind == "csv":
+            return _check_csv(rel, data)
+        if kind == "html":
+            return _check_html(rel, data)
+        if kind == "json":
+            return _check_json(rel, data)
+        return _check_text(rel, data, kind)
+    except UnicodeDecodeError as exc:
+        return Check(rel, kind, False, f"not UTF-8 text (first bad byte at offset {exc.start})")
+    except (csv.Error, ValueError) as exc:
+        return Check(rel, kind, False, f"does not parse: {str(exc)[:300]}")
+    except OSError as exc:
+        return Check(rel, kind, False, f"could not be read: {exc.strerror or exc}")
+    except Exception as exc:  # a parser's own failure on hostile input is a failed check, not a crash
+        return Check(rel, kind, False, f"does not open as {kind}: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+# --- previews ---------------------------------------------------------------------------------
+
+
+def _markdown_html(text: str) -> str:
+    import nh3
+    from markdown_it import MarkdownIt
+
+    rendered = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    # Links keep their text and target but open nothing in the app's window; no images
+    # from elsewhere (the product works offline and a preview must not call out).
+    return nh3.clean(
+        rendered,
+        tags={
+            "a",
+            "abbr",
+            "b",
+            "blockquote",
+            "br",
+            "code",
+            "del",
+            "em",
+            "h1",
+            "h2",
+            "h3",
+            "h4",
+            "h5",
+            "h6",
+            "hr",
+            "i",
+            "li",
+            "ol",
+            "p",
+            "pre",
+            "s",
+            "strong",
+            "sub",
+            "sup",
+            "table",
+            "tbody",
+            "td",
+            "th",
+            "thead",
+            "tr",
+            "ul",
+        },  # fmt: skip
+        attributes={"a": {"href", "title"}, "th": {"align"}, "td": {"align"}},
+        url_schemes={"http", "https", "mailto"},
+        link_rel="noopener noreferrer nofollow",
+    )
+
+
+def _looks_like_text(path: Path) -> bool:
+    head = _read_bytes(path, 8192)
+    if b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start >= len(head) - 3  # only a character cut at the end of the sample
+    return True
+
+
+def preview(path: Path, rel: str, raw_url: str) -> dict:
+    """What the Session page shows of a file (see the module docstring); never raises for content."""
+    size = path.stat().st_size
+    kind = kind_of(rel)
+    base = {"path": rel, "size": size, "content_type": content_type_of(rel)}
+    if kind in ("html", "image", "pdf"):
+        return {**base, "kind": kind, "url": raw_url}
+    if kind == "binary" and not _looks_like_text(path):
+        return {
+            **base,
+            "kind": "binary",
+            "url": raw_url,
+            "message": "No preview for this kind of file; download it.",
+        }
+    limit = PREVIEW_MARKDOWN_BYTES if kind == "markdown" else PREVIEW_TEXT_BYTES
+    data = _read_bytes(path, limit + 1)
+    truncated = len(data) > limit
+    data = data[:limit]
+    try:
+        text = data.decode("utf-8-sig") if not truncated else data.decode("utf-8-sig", errors="ignore")
+    except UnicodeDecodeError:
+        return {
+            **base,
+            "kind": "binary",
+            "url": raw_url,
+            "message": "Not UTF-8 text; download it to open it.",
+        }
+    if kind == "csv":
+        try:
+            reader = csv.reader(io.StringIO(text, newline=""), dialect=_csv_dialect(text, rel))
+            rows = [row for row in reader if row]
+        except csv.Error as exc:
+            return {**base, "kind": "text", "text": text, "line_count": text.count("\n") + 1,
+                    "truncated": truncated, "message": f"Shown as text: the CSV does not parse ({exc})."}  # fmt: skip
+        header, body = (rows[0], rows[1:]) if rows else ([], [])
+        return {
+            **base,
+            "kind": "csv",
+            "header": [_cell(h) for h in header],
+            "rows": [[_cell(c) for c in row] for row in body[:PREVIEW_ROWS]],
+            # Counted over what was read; `truncated` says whether that was the whole file.
+            "row_count": len(body),
+            "column_count": len(header),
+            "truncated": truncated or len(body) > PREVIEW_ROWS,
+        }
+    if kind == "markdown":
+        return {**base, "kind": "markdown", "html": _markdown_html(text), "truncated": truncated}
+    return {**base, "kind": "text", "text": text, "line_count": text.count("\n") + 1, "truncated": truncated}

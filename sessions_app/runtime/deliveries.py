@@ -1,0 +1,147 @@
+"""What a turn delivered: gathered from committed facts and the workspace, never from what the
+model says about it. SessionEngine (`engine.finish_turn`) stores the result as a `Delivery`.
+
+- files: every file the turn's `file.changed` events name, plus every file modified since the
+  turn started (a shell command or an MCP tool may write without announcing it), with size
+  and sha256 as they are on disk at the end of the turn;
+- checks: `sessions_app.artifacts.check_file` on each of them (real parsers);
+- unresolved failures: each failed tool call of the turn that no later successful call of the
+  same tool on the same target made good.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools_app.workspace import list_tree
+
+from .. import artifacts
+from ..choices import Role
+from ..models import Message, SessionEvent, Turn
+
+MAX_DELIVERED_FILES = 100
+MAX_WALK_ENTRIES = 10_000
+# The kernel stamps mtimes from a coarse clock that may lag the turn's start by a tick: a file
+# written in the turn's first instant still counts. Files a person uploaded just before the turn
+# are told apart by their `file.changed` event, not by time.
+MTIME_SLACK_S = 0.05
+SUMMARY_CHARS = 300
+
+
+@dataclass
+class DeliveryFacts:
+    final_answer: str
+    files: list[dict]
+    checks: list[dict]
+    unresolved_failures: list[dict]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        for block in iter(lambda: fh.read(1024 * 1024), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _changed_paths(turn: Turn, workspace: Path) -> list[str]:
+    started = (
+        SessionEvent.objects.filter(session_id=turn.session_id, type="turn.started", data__turn_id=turn.pk)
+        .values_list("seq", flat=True)
+        .first()
+    )
+    announced: dict[str, str] = {}
+    uploaded_before: set[str] = set()
+    if started is not None:
+        for seq, data in SessionEvent.objects.filter(
+            session_id=turn.session_id, type="file.changed", seq__gt=max(started - 200, 0)
+        ).values_list("seq", "data"):
+            if not isinstance(data, dict) or not isinstance(data.get("path"), str):
+                continue
+            if seq > started:
+                announced[data["path"]] = data.get("op", "")
+            elif data.get("by"):
+                uploaded_before.add(data["path"])
+    paths = {path for path, op in announced.items() if op != "deleted"}
+    if workspace.is_dir():
+        since = turn.started_at.timestamp() - MTIME_SLACK_S
+        for entry in list_tree(workspace, max_entries=MAX_WALK_ENTRIES):
+            if entry["kind"] != "file" or entry["path"] in uploaded_before:
+                continue
+            if os.stat(workspace / entry["path"], follow_symlinks=False).st_mtime >= since:
+                paths.add(entry["path"])
+    return sorted(paths)
+
+
+def _target(tool: str, raw_arguments) -> str:
+    """What a call acts on, so a later success on the same thing resolves an earlier failure."""
+    try:
+        arguments = json.loads(raw_arguments) if isinstance(raw_arguments, str) else raw_arguments
+    except ValueError:
+        return f"raw:{raw_arguments}"
+    if isinstance(arguments, dict):
+        for key in ("path", "paths", "file", "url", "command"):
+            if key in arguments:
+                return json.dumps(arguments[key], sort_keys=True)
+    return json.dumps(arguments, sort_keys=True)
+
+
+def unresolved_failures(turn_id: int) -> list[dict]:
+    calls: dict[str, tuple[str, str]] = {}
+    failures: list[tuple[str, str, str, str]] = []  # (call_id, tool, target, summary)
+    rows = Message.objects.filter(turn_id=turn_id, role__in=[Role.ASSISTANT, Role.TOOL]).order_by("id")
+    for message in rows.only("role", "tool_calls", "tool_call_id", "tool_name", "is_error", "content"):
+        if message.role == Role.ASSISTANT:
+            for call in message.tool_calls or []:
+                calls[call.get("id", "")] = (
+                    call.get("name", ""),
+                    _target(call.get("name", ""), call.get("arguments")),
+                )
+            continue
+        tool, target = calls.get(message.tool_call_id, (message.tool_name, ""))
+        if message.is_error:
+            summary = (
+                (message.content or "").strip().splitlines()[0]
+                if (message.content or "").strip()
+                else "failed"
+            )
+            failures.append((message.tool_call_id, tool, target, summary[:SUMMARY_CHARS]))
+        else:
+            failures = [f for f in failures if not (f[1] == tool and f[2] == target)]
+    return [{"call_id": call_id, "tool": tool, "summary": summary} for call_id, tool, _, summary in failures]
+
+
+def final_answer(turn_id: int) -> str:
+    last = (
+        Message.objects.filter(turn_id=turn_id, role=Role.ASSISTANT)
+        .exclude(content="")
+        .order_by("-id")
+        .values_list("content", flat=True)
+        .first()
+    )
+    return last or ""
+
+
+def gather(turn: Turn, workspace: Path) -> DeliveryFacts:
+    """Everything a delivery record holds; reads the workspace, so call it outside the Session lock."""
+    files, checks = [], []
+    for rel in _changed_paths(turn, workspace)[:MAX_DELIVERED_FILES]:
+        path = workspace / rel
+        try:
+            size = path.stat().st_size
+            digest = _sha256(path)
+        except OSError:
+            continue  # gone again before the end of the turn
+        files.append({"path": rel, "size": size, "sha256": digest})
+        checks.append(artifacts.check_file(path, rel).as_dict())
+    return DeliveryFacts(
+        final_answer=final_answer(turn.pk),
+        files=files,
+        checks=checks,
+        unresolved_failures=unresolved_failures(turn.pk),
+    )
