@@ -8,7 +8,7 @@ from tenancy_app.admin import ReadOnlyTenantScopedAdmin, TenantScopedAdmin
 from tenancy_app.crypto import encrypt
 from tools_app.net import OutboundRefused, check_url
 
-from .models import Input, Message, ModelCall, ModelConfig, Session, SessionEvent
+from .models import Delivery, Input, Message, ModelCall, ModelConfig, Session, SessionEvent
 
 
 class ModelConfigForm(forms.ModelForm):
@@ -132,3 +132,24 @@ class ModelCallAdmin(ReadOnlyTenantScopedAdmin):
         "started_at",
     ]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "purpose", "finish_reason"]
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(ReadOnlyTenantScopedAdmin):
+    """What completed turns delivered and what the product's own checks found."""
+
+    list_display = ["id", "session", "turn", "file_count", "checks_passed", "unresolved", "created_at"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["final_answer"]
+
+    @admin.display(description="files")
+    def file_count(self, obj):
+        return len(obj.files)
+
+    @admin.display(boolean=True, description="checks ok")
+    def checks_passed(self, obj):
+        return obj.checks_ok
+
+    @admin.display(description="unresolved failures")
+    def unresolved(self, obj):
+        return len(obj.unresolved_failures)

@@ -205,7 +205,8 @@ class SessionFilesMixin:
             OpenApiParameter("download", bool, description="`1`: `Content-Disposition: attachment`"),
         ],
         responses={
-            (200, "application/octet-stream"): OpenApiResponse(
+            # Whatever the file is: text/csv, text/html, image/png, application/octet-stream…
+            (200, "*/*"): OpenApiResponse(
                 OpenApiTypes.BINARY, description="the file's bytes, with its content type"
             ),
             400: error("`path_escape` or `is_a_directory`."),

@@ -231,3 +231,25 @@ def test_a_delivery_is_a_row_of_its_session_tenant(api_owner_a, session_a):
     drive_until_idle(session_a)
 
     assert Delivery.objects.get(session=session_a).tenant_id == session_a.tenant_id
+
+
+def test_the_admin_shows_a_tenant_admin_only_their_deliveries(owner_a, session_a, tenant_b, outsider_b):
+    from django.test import Client
+
+    send(session_a, "hello")
+    drive_until_idle(session_a)
+    session_b = engine.create_session(tenant=tenant_b, owner=outsider_b, title="B")
+    send(session_b, "hello")
+    drive_until_idle(session_b)
+    client = Client()
+    client.force_login(owner_a)
+
+    response = client.get("/admin/sessions_app/delivery/")
+
+    assert response.status_code == 200
+    assert [d.session_id for d in response.context["cl"].result_list] == [session_a.pk]
+    other = Delivery.objects.get(session=session_b)
+    assert client.get(f"/admin/sessions_app/delivery/{other.pk}/change/").status_code in (302, 404)
+    mine = Delivery.objects.get(session=session_a)
+    page = client.get(f"/admin/sessions_app/delivery/{mine.pk}/change/")
+    assert page.status_code == 200 and b"checks" in page.content
