@@ -8,6 +8,10 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
+from .daphne_forms import leave_form_bodies_to_django  # noqa: E402
+
+leave_form_bodies_to_django()
+
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 

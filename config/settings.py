@@ -357,8 +357,8 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "config.api.exception_handler",
     # Documents each operation's error responses (the CONTRACT `Error` shape) in the schema.
     "DEFAULT_SCHEMA_CLASS": "config.schema.AutoSchema",
-    # JSON only, with a nesting-depth limit. An upload view sets its own MultiPartParser: daphne
-    # answers a malformed multipart body itself, outside our error shape.
+    # JSON only, with a nesting-depth limit. The upload route sets its own MultiPartParser
+    # (daphne leaves form bodies to Django: config/daphne_forms.py).
     "DEFAULT_PARSER_CLASSES": ["config.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",

@@ -25,6 +25,8 @@ RESOLVE_STAGE = "resolve_path"
 # Tenant slugs, numeric ids and UUIDs all match; anything else would let a caller choose
 # where on disk a workspace lands.
 _SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A person names files through HTTP forms and headers: no newlines, tabs or other C0/DEL controls.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _escape(user_path: str, why: str) -> ToolError:
@@ -67,11 +69,18 @@ def resolve_in_workspace(workspace: Path, user_path: str, *, must_exist: bool = 
 
     # realpath follows every symlink component in order (so `link/..` means what the kernel
     # means by it), and resolves the existing ancestors of a path that does not exist yet.
-    resolved = Path(os.path.realpath(root / user_path))
-    if not resolved.is_relative_to(root):
-        raise _escape(user_path, "it resolves outside the workspace (through a symlink)")
-    if must_exist and not resolved.exists():
-        raise ToolError(f"{user_path!r} does not exist", code="not_found", stage=RESOLVE_STAGE)
+    try:
+        resolved = Path(os.path.realpath(root / user_path))
+        if not resolved.is_relative_to(root):
+            raise _escape(user_path, "it resolves outside the workspace (through a symlink)")
+        if must_exist and not resolved.exists():
+            raise ToolError(f"{user_path!r} does not exist", code="not_found", stage=RESOLVE_STAGE)
+    except OSError as exc:  # a name over the file system's limits (ENAMETOOLONG), a loop, ...
+        raise ToolError(
+            f"path {user_path[:200]!r} is not usable: {exc.strerror or exc}",
+            code="invalid_path",
+            stage=RESOLVE_STAGE,
+        ) from None
     return resolved
 
 
@@ -187,6 +196,11 @@ def upload_destination(workspace: Path, file_name: str, user_path: str | None) -
     name = PurePosixPath(file_name.replace("\\", "/")).name
     if not name or name in (".", ".."):
         raise ToolError("the uploaded file has no usable name; give a `path`", code="invalid_path")
+    for text in (name, user_path or ""):
+        if _CONTROL.search(text):
+            raise ToolError(
+                f"{text[:200]!r} holds a control character; file names may not", code="invalid_path"
+            )
     target = user_path.strip() if user_path else ""
     if not target:
         target = name

@@ -11,6 +11,7 @@ whether it is opened in the preview iframe or in its own tab.
 from __future__ import annotations
 
 import os
+import re
 
 from django.conf import settings
 from django.http import FileResponse
@@ -42,6 +43,7 @@ from ..runtime import engine
 from .serializers import DeliverySerializer, WorkspaceEntrySerializer
 
 MAX_TREE_ENTRIES = 5000
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 # Multipart framing around the file (boundaries, part headers, the `path` field).
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
@@ -194,6 +196,10 @@ class SessionFilesMixin:
             raise WorkspaceLimit(exc) from None
         except ToolError as exc:
             raise path_error(exc) from None
+        except OSError as exc:  # a name too long for the file system, a file where a directory must go
+            raise WorkspacePathError(
+                ToolError(f"the file could not be written there: {exc.strerror or exc}", code="invalid_path")
+            ) from None
         rel = relative_posix(workspace, target)
         engine.record_person_file_change(session.pk, rel, op, request.user)
         return Response({"path": rel, "size": upload.size, "op": op}, status=status.HTTP_201_CREATED)
@@ -225,7 +231,10 @@ class SessionFilesMixin:
             raise exceptions.NotFound(f"{path!r} could not be opened: {exc.strerror or exc}") from None
         as_attachment = request.query_params.get("download") in ("1", "true", "yes")
         response = FileResponse(handle, content_type=artifacts.content_type_of(resolved.name))
-        response["Content-Disposition"] = content_disposition_header(as_attachment, resolved.name)
+        # A name the model or a shell chose may hold control characters; headers may not.
+        response["Content-Disposition"] = content_disposition_header(
+            as_attachment, CONTROL_CHARACTERS.sub("_", resolved.name)
+        )
         response["Content-Security-Policy"] = RAW_FILE_CSP
         response["X-Content-Type-Options"] = "nosniff"
         response["Cache-Control"] = "private, no-cache"

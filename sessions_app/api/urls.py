@@ -26,7 +26,7 @@ urlpatterns = [
         name="session-files",
     ),
     re_path(
-        rf"{SESSION}/files/(?P<path>.+)$",
+        rf"{SESSION}/files/(?P<path>[\s\S]+)$",
         SessionViewSet.as_view(
             {"get": "file_content", "delete": "file_delete"},
             renderer_classes=FILE_RENDERERS,
@@ -35,7 +35,7 @@ urlpatterns = [
         name="session-file",
     ),
     re_path(
-        rf"{SESSION}/previews/(?P<path>.+)$",
+        rf"{SESSION}/previews/(?P<path>[\s\S]+)$",
         SessionViewSet.as_view({"get": "file_preview"}),
         name="session-file-preview",
     ),

@@ -518,7 +518,7 @@ def record_person_file_change(session_id, path: str, op: str, user) -> None:
     username = getattr(user, "username", "") or "unknown"
     with locked_session(session_id) as session:
         emit(session, "file.changed", {"path": path, "op": op, "by": username})
-    logger.info("workspace file %s %s by %s (session %s)", path, op, username, session_id)
+    logger.info("workspace file %r %s by %s (session %s)", path, op, username, session_id)
 
 
 # --- context assembly and evidence ------------------------------------------------------------

@@ -389,3 +389,35 @@ def test_the_upload_form_body_streams_to_disk(api_owner_a, session_a, workspace,
 
     response = upload(api_owner_a, session_a, "blob.bin", data)
     assert response.status_code == 201 and (workspace / "blob.bin").read_bytes() == data
+
+
+class TestHostileNames:
+    """Names a model or a shell may create, and names an attacker may send: 4xx, never a 500."""
+
+    def test_a_control_character_in_a_name_never_reaches_a_header(self, api_owner_a, session_a, workspace):
+        (workspace / "a\nb.txt").write_text("x")
+
+        response = api_owner_a.get(files_url(session_a, "a%0Ab.txt"))
+
+        assert response.status_code == 200
+        assert response["Content-Disposition"] == 'inline; filename="a_b.txt"'
+        assert api_owner_a.delete(files_url(session_a, "a%0Ab.txt")).status_code == 204
+
+    def test_uploads_refuse_control_characters(self, api_owner_a, session_a):
+        response = upload(api_owner_a, session_a, "n.txt", b"x", path="z\n.txt")
+
+        assert "control character" in assert_error_shape(response, 400, "invalid_path")["message"]
+
+    @pytest.mark.parametrize("path", ["x" * 300, "x/" * 3000 + "y"])
+    def test_names_over_the_file_system_limits_are_400(self, api_owner_a, session_a, path):
+        for response in (
+            api_owner_a.get(files_url(session_a, path)),
+            api_owner_a.get(f"{SESSIONS}{session_a.pk}/previews/{path}"),
+        ):
+            assert_error_shape(response, 400, "invalid_path")
+        assert api_owner_a.delete(files_url(session_a, path)).status_code in (400, 404)
+
+    def test_an_upload_name_over_the_limit_is_400(self, api_owner_a, session_a):
+        response = upload(api_owner_a, session_a, "n.txt", b"x", path="y" * 300)
+
+        assert_error_shape(response, 400, "invalid_path")

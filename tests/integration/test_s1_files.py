@@ -113,3 +113,17 @@ def test_s1_without_tickets_the_failed_read_is_unresolved(api):
     assert "report.html" not in paths
     recorded = next(e for e in events if e["type"] == "delivery.recorded")
     assert recorded["data"]["unresolved"] == 1
+
+
+def test_daphne_leaves_a_malformed_upload_body_to_our_error_shape(api):
+    session_id = api.post("/sessions/", json={"title": "bad upload"}).json()["id"]
+
+    response = api.post(
+        f"/sessions/{session_id}/files/",
+        content=b"--xyz--\r\n",
+        headers={"Content-Type": "multipart/form-data; boundary=xyz"},
+    )
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "validation_error"
+    assert "file" in response.json()["error"]["details"]
