@@ -2,7 +2,7 @@
 
 `check_file` is the evidence a delivery record keeps (ARCHITECTURE: the product, not the
 model, says whether an artifact is what it claims to be): a CSV parses with `csv`, HTML with
-html5lib (listing its tables and headings), JSON with `json`, text decodes as UTF-8, an image
+lxml (listing its tables and headings), JSON with `json`, text decodes as UTF-8, an image
 opens with Pillow, a PDF with pypdf. `preview` is what the Session page shows of a file: a
 table for CSV, sanitized HTML (nh3) for Markdown, numbered text, or a URL for the kinds the
 browser renders itself. Both read at most a bounded number of bytes, so a huge or hostile file
@@ -21,6 +21,7 @@ from pathlib import Path
 
 # Files larger than this are listed in a delivery but not parsed.
 MAX_CHECK_BYTES = 20 * 1024 * 1024
+MAX_HTML_CHECK_BYTES = 20 * 1024 * 1024
 MAX_IMAGE_PIXELS = 80_000_000
 SAMPLE_ROWS = 50
 PREVIEW_ROWS = 100
@@ -155,36 +156,38 @@ def _text_of(element) -> str:
     return " ".join("".join(element.itertext()).split())
 
 
-def _check_html(rel: str, data: bytes) -> Check:
-    import html5lib
+def _cells(row) -> list:
+    return [cell for cell in row if cell.tag in ("th", "td")]
 
-    parser = html5lib.HTMLParser(namespaceHTMLElements=False)
-    document = parser.parse(data)
-    errors = len(parser.errors)
+
+def _check_html(rel: str, data: bytes) -> Check:
+    import lxml.html
+    from lxml import etree
+
+    if not data.strip():
+        return Check(rel, "html", False, "the file is empty")
+    parser = lxml.html.HTMLParser(recover=True, no_network=True, remove_comments=True)
+    document = lxml.html.document_fromstring(data, parser=parser)
+    # Scripts and styles are not content a reader sees.
+    etree.strip_elements(document, "script", "style", with_tail=False)
     title = document.find(".//title")
     headings = [
         {"level": int(el.tag[1]), "text": _text_of(el)[:200]}
-        for el in document.iter()
-        if isinstance(el.tag, str) and el.tag in ("h1", "h2", "h3", "h4", "h5", "h6")
+        for el in document.iter("h1", "h2", "h3", "h4", "h5", "h6")
     ][:MAX_LISTED]
     tables = []
     for table in document.iter("table"):
-        rows = [tr for tr in table.iter("tr")]
+        rows = list(table.iter("tr"))
         first = rows[0] if rows else None
-        headers = [_text_of(c)[:100] for c in first if c.tag in ("th", "td")] if first is not None else []
+        header_row = first is not None and first.find("th") is not None
         caption = table.find("caption")
         tables.append(
             {
                 "id": table.get("id", ""),
                 "caption": _text_of(caption)[:200] if caption is not None else "",
-                "headers": headers,
-                "rows": max(len(rows) - 1, 0)
-                if first is not None and first.find("th") is not None
-                else len(rows),
-                "cells": [
-                    [_text_of(c)[:MAX_CELL_CHARS] for c in tr if c.tag in ("th", "td")]
-                    for tr in rows[:SAMPLE_ROWS]
-                ],
+                "headers": [_text_of(c)[:100] for c in _cells(first)] if header_row else [],
+                "rows": len(rows) - 1 if header_row else len(rows),
+                "cells": [[_text_of(c)[:MAX_CELL_CHARS] for c in _cells(tr)] for tr in rows[:SAMPLE_ROWS]],
             }
         )
         if len(tables) >= MAX_LISTED:
@@ -196,7 +199,7 @@ def _check_html(rel: str, data: bytes) -> Check:
         "headings": headings,
         "tables": tables,
         "text_length": text_length,
-        "parse_errors": errors,
+        "parse_errors": len(parser.error_log),
     }
     if text_length == 0 and not tables:
         return Check(rel, "html", False, "the document parses but has no visible text", facts)
@@ -260,8 +263,11 @@ def check_file(path: Path, rel: str) -> Check:
     kind = kind_of(rel)
     try:
         size = path.stat().st_size
-        if size > MAX_CHECK_BYTES:
-            return Check(rel, kind, False, f"{size} bytes: too large to check (limit {MAX_CHECK_BYTES})")
+        limit = MAX_HTML_CHECK_BYTES if kind == "html" else MAX_CHECK_BYTES
+        if size > limit:
+            return Check(
+                rel, kind, False, f"{size:,} bytes: too large to check (limit {limit:,})", {"size": size}
+            )
         if kind == "image":
             return _check_image(rel, path)
         if kind == "pdf":

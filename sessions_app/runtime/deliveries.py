@@ -24,6 +24,7 @@ from ..choices import Role
 from ..models import Message, SessionEvent, Turn
 
 MAX_DELIVERED_FILES = 100
+MAX_HASH_BYTES = 256 * 1024 * 1024
 MAX_WALK_ENTRIES = 10_000
 # The kernel stamps mtimes from a coarse clock that may lag the turn's start by a tick: a file
 # written in the turn's first instant still counts. Files a person uploaded just before the turn
@@ -134,7 +135,8 @@ def gather(turn: Turn, workspace: Path) -> DeliveryFacts:
         path = workspace / rel
         try:
             size = path.stat().st_size
-            digest = _sha256(path)
+            # A file the shell made huge is listed, not hashed: the worker must not stall on it.
+            digest = _sha256(path) if size <= MAX_HASH_BYTES else ""
         except OSError:
             continue  # gone again before the end of the turn
         files.append({"path": rel, "size": size, "sha256": digest})
