@@ -6,4 +6,5 @@ app_name = "workspace"
 urlpatterns = [
     path("", views.home, name="home"),
     path("sessions/<uuid:session_id>/", views.session_detail, name="session"),
+    path("favicon.ico", views.favicon, name="favicon"),
 ]

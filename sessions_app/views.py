@@ -4,15 +4,34 @@ Session WebSocket, read by static/js with the browser session."""
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import Http404
+from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
+from django.templatetags.static import static
+from django.views.decorators.cache import cache_control
+from django.views.decorators.http import require_safe
 
 from tenancy_app.access import SESSION_TENANT_KEY, resolve_membership
 
+from .choices import SessionStatus
 from .models import Session
 
 # How many logged events before the page's snapshot the activity log shows on open.
 EVENT_LOG_BACKLOG = 300
+# While a turn runs the phase goal is what it works on; otherwise it is the last task.
+WORKING_STATUSES = {
+    SessionStatus.PREPARING,
+    SessionStatus.RUNNING,
+    SessionStatus.WAITING_APPROVAL,
+    SessionStatus.COMPRESSING,
+}
+
+
+@require_safe
+@cache_control(max_age=86400, public=True)
+def favicon(request):
+    """`/favicon.ico` for clients that ask before reading the page's `<link rel=icon>` (JSON
+    responses, raw files): the static SVG, so no request for it ends in a 404."""
+    return HttpResponseRedirect(static("img/favicon.svg"))
 
 
 @login_required
@@ -47,5 +66,9 @@ def session_detail(request, session_id):
     return render(
         request,
         "workspace/session.html",
-        {"session": session, "boot": boot},
+        {
+            "session": session,
+            "boot": boot,
+            "phase_label": "Working on" if session.status in WORKING_STATUSES else "Last task",
+        },
     )

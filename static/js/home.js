@@ -1,8 +1,10 @@
 /* The workspace home: the current tenant's Sessions (GET /api/v1/sessions/, kept live by the
- * `/ws/sessions/` status stream) and the new-session form (POST /api/v1/sessions/, then open it). */
+ * `/ws/sessions/` status stream) and the new-session form (POST /api/v1/sessions/, then open it).
+ * A goal typed in the form is the Session's first task: it is queued as the first input
+ * (POST inputs/) before the Session opens, so the agent starts on it right away. */
 (function () {
   "use strict";
-  const { api, el, statusBadge, timeElement, ApiError } = window.xagent;
+  const { api, el, statusBadge, timeElement, newIdempotencyKey, ApiError } = window.xagent;
 
   const root = document.getElementById("workspace-home");
   if (!root) return;
@@ -17,6 +19,7 @@
   const formError = document.getElementById("new-session-error");
 
   const REFRESH_MS = 60000;
+  const FIRST_INPUT_NOTE_KEY = "xagent.firstInputFailed"; // read by session.js
   let nextUrl = null;
   let pagesLoaded = 0;
   let loading = false;
@@ -101,6 +104,25 @@
       const goal = goalInput.value.trim();
       if (goal) body.goal = goal;
       const created = await api(endpoint, { method: "POST", body });
+      if (goal) {
+        try {
+          await api(`${endpoint}${encodeURIComponent(created.id)}/inputs/`, {
+            method: "POST",
+            body: { text: goal },
+            headers: { "Idempotency-Key": newIdempotencyKey() },
+          });
+        } catch (exc) {
+          // The Session exists: open it anyway, and let its page offer the goal again.
+          try {
+            window.sessionStorage.setItem(
+              FIRST_INPUT_NOTE_KEY,
+              JSON.stringify({ session: String(created.id), text: goal, error: exc instanceof ApiError ? exc.describe() : String(exc) })
+            );
+          } catch (_) {
+            // Private mode without storage: the page opens without the reminder.
+          }
+        }
+      }
       window.location.assign(`/sessions/${encodeURIComponent(created.id)}/`);
     } catch (exc) {
       formError.textContent = exc instanceof ApiError ? exc.describe() : String(exc);

@@ -19,7 +19,8 @@
  */
 (function () {
   "use strict";
-  const { api, apiAll, el, richText, statusLabel, timeElement, clockTime, newIdempotencyKey, ApiError } = window.xagent;
+  const { api, apiAll, el, richText, statusLabel, timeElement, clockTime, newIdempotencyKey, formatBytes, filesPanel, ApiError } =
+    window.xagent;
 
   const bootNode = document.getElementById("session-boot");
   if (!bootNode) return;
@@ -28,6 +29,8 @@
 
   const GUIDANCE_PREFIX = "[Guidance from the user";
   const INTERRUPTIBLE = new Set(["running", "preparing", "waiting_approval"]); // parked: cancels the approval
+  const WORKING = new Set(["running", "preparing", "waiting_approval", "compressing"]);
+  const FIRST_INPUT_NOTE_KEY = "xagent.firstInputFailed"; // set by home.js when the goal could not be queued
   const MAX_LOG_ENTRIES = 500;
   const RESULT_PREVIEW_CHARS = 20000;
   const APPROVALS_API = "/api/v1/approvals/";
@@ -44,6 +47,7 @@
     sessionGoal: $("session-goal"),
     phaseGoalRow: $("phase-goal-row"),
     phaseGoal: $("phase-goal"),
+    phaseGoalLabel: $("phase-goal-label"),
     live: document.querySelector("[data-testid=live-indicator]"),
     liveText: document.querySelector("[data-testid=live-indicator] .live-text"),
     scroller: $("conversation-scroll"),
@@ -71,7 +75,9 @@
     lastSeq: boot.backlogFrom, // the WebSocket's `after`: highest seq received
     status: boot.status,
     lastMessageId: 0,
-    toolCards: new Map(), // call_id -> card element
+    toolCards: new Map(), // cardKey(turn, call_id) -> card element: call ids repeat across turns
+    currentTurn: null, // turn id of the events being applied (from `turn.started`)
+    lastMessageTurn: null, // turn of the newest message shown
     stream: null, // {callId, node, body}
     staleStreams: [], // stream bubbles to drop once their committed message is shown
     ws: null,
@@ -81,7 +87,10 @@
     awaitingAck: [], // {kind, note, approvalId?} per client frame sent, answered in order by `ack`/`error` frames
     gapAt: null,
     approvalCards: new Map(), // approval id -> card element
-    waitingCalls: new Map(), // call id -> approval id, while that approval is pending
+    waitingCalls: new Map(), // cardKey -> true, while that call's approval is pending
+    deliveryCards: new Map(), // delivery id -> card element
+    turnNotes: new Map(), // turn id -> the timeline note of its failure
+    extraOrder: 0, // creation order of timeline extras (delivery cards, failure notes)
     title: "",
   };
 
@@ -94,6 +103,8 @@
     ui.reason.textContent = reason || "";
     ui.reason.hidden = !reason;
     ui.interrupt.disabled = !INTERRUPTIBLE.has(status);
+    // The phase goal is what a turn works on; once no turn runs it is the last task, not a current one.
+    if (ui.phaseGoalLabel) ui.phaseGoalLabel.textContent = WORKING.has(status) ? "Working on" : "Last task";
   }
 
   function showHeader(session) {
@@ -169,8 +180,26 @@
     return text.length > 160 ? `${text.slice(0, 157)}…` : text;
   }
 
-  function toolCard(callId, tool, rawArguments) {
-    let card = state.toolCards.get(callId);
+  /** Tool cards are keyed by (turn, call id): a model may reuse a call id in a later turn. */
+  function cardKey(turn, callId) {
+    return `${turn === null || turn === undefined ? "?" : turn}\u0000${callId}`;
+  }
+
+  /**
+   * The turn an event belongs to: its own `turn_id` if it carries one, else the turn of the last
+   * `turn.started` applied. Unknown for a replayed event older than the first `turn.started` in
+   * the backlog (undefined: its card is already built from the messages); a live one then
+   * belongs to the newest turn shown.
+   */
+  function eventTurn(data, live) {
+    if (data && data.turn_id !== undefined && data.turn_id !== null) return data.turn_id;
+    if (state.currentTurn !== null) return state.currentTurn;
+    return live ? state.lastMessageTurn : undefined;
+  }
+
+  function toolCard(turn, callId, tool, rawArguments) {
+    const key = cardKey(turn, callId);
+    let card = state.toolCards.get(key);
     if (!card) {
       card = el(
         "div",
@@ -196,7 +225,8 @@
           el("details", { className: "tool-result", attrs: { hidden: true } }, el("summary", { text: "Result" }), el("pre", {}))
         )
       );
-      state.toolCards.set(callId, card);
+      card.dataset.turn = turn === null || turn === undefined ? "" : String(turn);
+      state.toolCards.set(key, card);
     }
     if (rawArguments !== undefined && !card.dataset.hasArguments) {
       const args = parseArguments(rawArguments);
@@ -215,15 +245,15 @@
     card.querySelector(".tool-state").textContent = label;
   }
 
-  function toolStarted(data) {
-    const card = toolCard(data.call_id, data.tool, data.arguments);
-    if (card.dataset.ok === undefined && !state.waitingCalls.has(data.call_id)) setToolState(card, "running", "running…");
+  function toolStarted(data, turn) {
+    const card = toolCard(turn, data.call_id, data.tool, data.arguments);
+    if (card.dataset.ok === undefined && !state.waitingCalls.has(cardKey(turn, data.call_id))) setToolState(card, "running", "running…");
     placeOrphan(card);
   }
 
-  function toolEnded(data) {
-    state.waitingCalls.delete(data.call_id);
-    const card = toolCard(data.call_id, data.tool);
+  function toolEnded(data, turn) {
+    state.waitingCalls.delete(cardKey(turn, data.call_id));
+    const card = toolCard(turn, data.call_id, data.tool);
     card.dataset.ok = data.ok ? "true" : "false";
     setToolState(card, data.ok ? "ok" : "error", data.ok ? "ok" : "error");
     if (data.summary) {
@@ -235,8 +265,8 @@
   }
 
   function toolResult(message) {
-    state.waitingCalls.delete(message.tool_call_id);
-    const card = toolCard(message.tool_call_id, message.tool_name || "tool");
+    state.waitingCalls.delete(cardKey(message.turn, message.tool_call_id));
+    const card = toolCard(message.turn, message.tool_call_id, message.tool_name || "tool");
     if (card.dataset.ok === undefined) {
       // Older than the replayed backlog: the result message alone tells ok/error.
       card.dataset.ok = message.is_error ? "false" : "true";
@@ -266,7 +296,7 @@
       "li",
       {
         className: `message message-${message.role}${extraClass ? " " + extraClass : ""}`,
-        dataset: { testid: "message", role: message.role, id: message.id },
+        dataset: { testid: "message", role: message.role, id: message.id, turn: message.turn },
       },
       el(
         "div",
@@ -293,7 +323,15 @@
     if (content) item.append(el("div", { className: "message-body" }, richText(content)));
     if (message.role === "assistant" && (message.tool_calls || []).length) {
       const tools = el("div", { className: "tool-cards" });
-      for (const call of message.tool_calls) tools.append(toolCard(call.id, call.name, call.arguments));
+      for (const call of message.tool_calls) {
+        let card = toolCard(message.turn, call.id, call.name, call.arguments);
+        if (card.closest(".message")) {
+          // Already under an earlier message (a turn-less history reusing the id): a new card.
+          state.toolCards.delete(cardKey(message.turn, call.id));
+          card = toolCard(message.turn, call.id, call.name, call.arguments);
+        }
+        tools.append(card);
+      }
       item.append(tools);
     }
     ui.messages.append(item);
@@ -306,9 +344,11 @@
         if (message.id <= state.lastMessageId) continue;
         renderMessage(message);
         state.lastMessageId = message.id;
+        if (message.turn !== null && message.turn !== undefined) state.lastMessageTurn = message.turn;
         if (message.role === "assistant") assistantShown = true;
       }
       if (assistantShown) dropStaleStreams();
+      settleExtras();
     });
   }
 
@@ -369,6 +409,247 @@
   function dropStaleStreams() {
     for (const node of state.staleStreams) node.remove();
     state.staleStreams = [];
+  }
+
+  // --- timeline extras: failure notes and delivery cards ----------------------------------------
+
+  const FAILED_TURN_REASONS = {
+    error: "The turn ended with an error",
+    blocked: "The turn was stopped",
+    max_tokens: "The model hit its output limit",
+  };
+
+  /**
+   * Notes and cards belong to a turn: each sits after the last message of its turn (or of an
+   * earlier one), in the order it was made, however late the messages around it arrive.
+   */
+  function addExtra(node, turn) {
+    node.dataset.turn = turn === null || turn === undefined ? "" : String(turn);
+    node.dataset.order = String((state.extraOrder += 1));
+    node.classList.add("timeline-extra");
+    keepScrolled(() => {
+      ui.messages.append(node);
+      settleExtras();
+    });
+  }
+
+  function settleExtras() {
+    const extras = [...ui.messages.querySelectorAll(":scope > .timeline-extra")];
+    if (!extras.length) return;
+    const turnOf = (node) => (node.dataset.turn === "" ? Infinity : Number(node.dataset.turn));
+    extras.sort((a, b) => turnOf(a) - turnOf(b) || Number(a.dataset.order) - Number(b.dataset.order));
+    for (const node of extras) node.remove();
+    const messages = [...ui.messages.children];
+    for (const node of extras) {
+      const turn = turnOf(node);
+      let anchor = null;
+      for (const message of messages) {
+        const own = message.dataset.turn === undefined || message.dataset.turn === "" ? NaN : Number(message.dataset.turn);
+        if (!Number.isNaN(own) && own <= turn) anchor = message;
+      }
+      if (turn === Infinity) anchor = messages[messages.length - 1] || null;
+      // After the anchor and after the extras already placed behind it (same turn, made earlier).
+      let before = anchor ? anchor.nextSibling : ui.messages.firstChild;
+      while (before && before.classList && before.classList.contains("timeline-extra")) before = before.nextSibling;
+      ui.messages.insertBefore(node, before);
+    }
+  }
+
+  /** A turn that failed says so in the conversation, where the user reads, not only in the header. */
+  function turnFailed(turn, reason, lead, detail) {
+    if (turn === undefined) turn = state.lastMessageTurn;
+    const key = String(turn === null || turn === undefined ? "?" : turn);
+    let note = state.turnNotes.get(key);
+    if (!note) {
+      note = el(
+        "li",
+        { className: "turn-note", dataset: { testid: "turn-error", reason }, attrs: { role: "status" } },
+        el("span", { className: "turn-note-icon", attrs: { "aria-hidden": "true" }, text: "⚠" }),
+        el("div", { className: "turn-note-lines" })
+      );
+      note.details = new Set();
+      state.turnNotes.set(key, note);
+      addExtra(note, turn);
+    }
+    // "model call failed: X" then "turn ended with an error: model call failed: X": say it once.
+    if (detail && [...note.details].some((known) => known.includes(detail) || detail.includes(known))) return;
+    if (!detail && note.details.size) return;
+    note.details.add(detail);
+    if (reason !== "error") note.dataset.reason = note.dataset.reason === "error" ? "error" : reason;
+    else note.dataset.reason = "error";
+    note.querySelector(".turn-note-lines").append(el("p", { text: detail ? `${lead}: ${detail}` : `${lead}.` }));
+  }
+
+  function excerpt(text, limit) {
+    const oneLine = String(text || "").trim();
+    return oneLine.length > limit ? `${oneLine.slice(0, limit - 1).trimEnd()}…` : oneLine;
+  }
+
+  /** What a parser found, one short line per fact (lists of rows or objects as their count). */
+  function factLines(facts) {
+    if (!facts || typeof facts !== "object") return [];
+    const plain = (value) => value === null || ["string", "number", "boolean"].includes(typeof value);
+    return Object.entries(facts).map(([key, value]) => {
+      let shown;
+      if (plain(value)) shown = String(value);
+      else if (Array.isArray(value) && value.every(plain)) shown = value.length > 8 ? `${value.slice(0, 8).join(", ")}, … (${value.length})` : value.join(", ");
+      else if (Array.isArray(value)) shown = `${value.length} item${value.length === 1 ? "" : "s"}`;
+      else shown = `${Object.keys(value).length} field${Object.keys(value).length === 1 ? "" : "s"}`;
+      return `${key.replace(/_/g, " ")}: ${shown}`;
+    });
+  }
+
+  function deliveryCard(delivery) {
+    const key = String(delivery.id);
+    const checks = Array.isArray(delivery.checks) ? delivery.checks : [];
+    const deliveredFiles = Array.isArray(delivery.files) ? delivery.files : [];
+    const failures = Array.isArray(delivery.unresolved_failures) ? delivery.unresolved_failures : [];
+    const failedChecks = checks.filter((check) => !check.ok).length;
+    const ok = delivery.checks_ok !== undefined ? Boolean(delivery.checks_ok) && !failures.length : !failedChecks && !failures.length;
+    const verdict = [];
+    if (!checks.length) verdict.push("no file checks");
+    else if (failedChecks) verdict.push(`${failedChecks} of ${checks.length} check${checks.length === 1 ? "" : "s"} failed`);
+    else verdict.push(`all ${checks.length} check${checks.length === 1 ? "" : "s"} passed`);
+    if (failures.length) verdict.push(`${failures.length} unresolved tool failure${failures.length === 1 ? "" : "s"}`);
+
+    const parts = [
+      el(
+        "header",
+        { className: "delivery-head" },
+        el("span", { className: "delivery-icon", attrs: { "aria-hidden": "true" }, text: ok ? "✓" : "✗" }),
+        el("h3", { className: "delivery-title", text: "Delivery" }),
+        el("span", {
+          className: "badge machine-badge",
+          attrs: { title: "Checked by the product with real parsers after the turn — not the model's own claim" },
+          text: "machine-checked",
+        }),
+        el("span", { className: "delivery-verdict", dataset: { testid: "delivery-verdict" }, text: verdict.join(" · ") }),
+        el(
+          "span",
+          { className: "delivery-when muted" },
+          delivery.turn_number ? `turn ${delivery.turn_number} · ` : "",
+          delivery.created_at ? timeElement(delivery.created_at, { clock: true }) : ""
+        )
+      ),
+      el("p", {
+        className: "delivery-lead muted",
+        text: "What the product found when it opened the files this turn produced. These are automatic checks, not the agent's words.",
+      }),
+    ];
+    if (delivery.final_answer) {
+      parts.push(el("blockquote", { className: "delivery-answer", dataset: { testid: "delivery-answer" } }, richText(excerpt(delivery.final_answer, 200))));
+    }
+    if (deliveredFiles.length) {
+      parts.push(
+        el("h4", { text: "Files" }),
+        el(
+          "ul",
+          { className: "delivery-files", dataset: { testid: "delivery-files" } },
+          ...deliveredFiles.map((file) =>
+            el(
+              "li",
+              { dataset: { path: file.path } },
+              files
+                ? el("button", {
+                    className: "link delivery-file",
+                    attrs: { type: "button", title: `Preview ${file.path}` },
+                    text: file.path,
+                    on: { click: () => files.open(file.path) },
+                  })
+                : el("code", { text: file.path }),
+              el("span", { className: "muted", text: ` ${formatBytes(file.size)}` }),
+              file.sha256
+                ? el("code", { className: "delivery-hash muted", attrs: { title: `sha256 ${file.sha256}` }, text: `sha256 ${String(file.sha256).slice(0, 12)}…` })
+                : null
+            )
+          )
+        )
+      );
+    }
+    if (checks.length) {
+      parts.push(
+        el("h4", { text: "Checks" }),
+        el(
+          "ul",
+          { className: "delivery-checks", dataset: { testid: "delivery-checks" } },
+          ...checks.map((check) => {
+            const facts = factLines(check.facts);
+            return el(
+              "li",
+              { className: "delivery-check", dataset: { testid: "delivery-check", ok: check.ok ? "true" : "false", path: check.path } },
+              el("span", { className: "check-mark", attrs: { "aria-hidden": "true" }, text: check.ok ? "✓" : "✗" }),
+              el("span", { className: "visually-hidden", text: check.ok ? "passed: " : "failed: " }),
+              el("code", { className: "check-path", text: check.path || "" }),
+              el("span", { className: "check-name", text: check.check || "" }),
+              check.detail ? el("span", { className: "check-detail", text: check.detail }) : null,
+              facts.length
+                ? el(
+                    "details",
+                    { className: "check-facts" },
+                    el("summary", { text: "what the parser found" }),
+                    el("ul", {}, ...facts.map((line) => el("li", { text: line })))
+                  )
+                : null
+            );
+          })
+        )
+      );
+    }
+    if (failures.length) {
+      parts.push(
+        el("h4", { className: "failures-heading", text: "Unresolved failures" }),
+        el(
+          "ul",
+          { className: "delivery-failures", dataset: { testid: "delivery-failures" } },
+          ...failures.map((failure) =>
+            el(
+              "li",
+              { dataset: { callId: failure.call_id } },
+              el("span", { className: "check-mark", attrs: { "aria-hidden": "true" }, text: "✗" }),
+              el("code", { text: failure.tool || "tool" }),
+              el("span", { text: ` ${failure.summary || "failed"}` })
+            )
+          )
+        )
+      );
+    }
+    const card = el(
+      "li",
+      { className: "delivery-card", dataset: { testid: "delivery-card", deliveryId: key, checksOk: ok ? "true" : "false" } },
+      ...parts
+    );
+    return card;
+  }
+
+  function showDelivery(delivery) {
+    if (!delivery || delivery.id === undefined || delivery.id === null) return;
+    const key = String(delivery.id);
+    const fresh = deliveryCard(delivery);
+    const known = state.deliveryCards.get(key);
+    state.deliveryCards.set(key, fresh);
+    if (known) {
+      fresh.dataset.turn = known.dataset.turn;
+      fresh.dataset.order = known.dataset.order;
+      fresh.classList.add("timeline-extra");
+      known.replaceWith(fresh);
+    } else {
+      addExtra(fresh, delivery.turn);
+    }
+  }
+
+  function loadDelivery(id) {
+    if (id === undefined || id === null) return;
+    api(`${boot.api}deliveries/${encodeURIComponent(id)}/`)
+      .then(showDelivery)
+      .catch(() => {});
+  }
+
+  async function loadDeliveries() {
+    try {
+      for (const delivery of await apiAll(`${boot.api}deliveries/`)) showDelivery(delivery);
+    } catch (exc) {
+      // An older server without deliveries: the timeline simply has none.
+    }
   }
 
   // --- plan -----------------------------------------------------------------------------------
@@ -582,15 +863,18 @@
   /** The tool card of the gated call follows its approval. */
   function markToolCard(callId, status, tool) {
     if (!callId) return;
+    // A pending or just-decided approval belongs to the turn running now.
+    const turn = eventTurn(null, true);
+    const key = cardKey(turn, callId);
     if (status === "pending") {
-      const card = toolCard(callId, tool || "tool");
-      state.waitingCalls.set(callId, true);
+      const card = toolCard(turn, callId, tool || "tool");
+      state.waitingCalls.set(key, true);
       if (card.dataset.ok === undefined) setToolState(card, "waiting", "waiting for approval");
       placeOrphan(card);
       return;
     }
-    state.waitingCalls.delete(callId);
-    const card = state.toolCards.get(callId);
+    state.waitingCalls.delete(key);
+    const card = state.toolCards.get(key);
     if (!card || card.dataset.ok !== undefined) return;
     if (status === "approved") setToolState(card, "running", "approved, running…");
     else setToolState(card, "declined", status); // tool.ended follows with the result the model sees
@@ -814,11 +1098,13 @@
       case "tool.ended":
         return `${d.tool} ${d.ok ? "ok" : "error"}${d.summary ? " — " + d.summary : ""}`;
       case "model.ended":
-        return d.finish_reason;
+        return d.error ? `${d.finish_reason || "error"} — ${d.error}` : d.finish_reason;
       case "input.queued":
         return d.kind;
       case "file.changed":
-        return `${d.op} ${d.path}`;
+        return `${d.op} ${d.path}${d.by ? " by " + d.by : ""}`;
+      case "delivery.recorded":
+        return `${d.checks_ok ? "checks ok" : "checks failed"}${d.unresolved ? `, ${d.unresolved} unresolved` : ""}`;
       case "approval.requested":
         return `${d.tool} (${d.risk}) #${d.approval_id}`;
       case "approval.decided":
@@ -865,12 +1151,25 @@
     const data = event.data || {};
     const live = event.seq > boot.snapshotSeq; // older ones are already in the fetched state
     switch (event.type) {
+      case "turn.started":
+        state.currentTurn = data.turn_id;
+        break;
       case "tool.started":
-        toolStarted(data);
+      case "tool.ended": {
+        const turn = eventTurn(data, live);
+        if (turn === undefined) return; // before the backlog's first turn: shown from the messages
+        if (event.type === "tool.started") toolStarted(data, turn);
+        else toolEnded(data, turn);
         return;
-      case "tool.ended":
-        toolEnded(data);
-        return;
+      }
+      case "model.ended":
+        if (data.error) turnFailed(eventTurn(data, live), "error", "The model call failed", String(data.error));
+        break;
+      case "turn.ended":
+        if (FAILED_TURN_REASONS[data.reason]) {
+          turnFailed(eventTurn(data, live), data.reason, FAILED_TURN_REASONS[data.reason], data.detail ? String(data.detail) : "");
+        }
+        break;
     }
     if (!live) return;
     switch (event.type) {
@@ -895,13 +1194,23 @@
         renderPlan(data.plan);
         break;
       case "turn.started":
+        clearInfoNote(); // "Message queued." is answered: the turn has it
+        refreshHeader();
+        break;
       case "task.understood":
         refreshHeader();
         break;
       case "turn.ended":
+        clearInfoNote();
         endStream();
         fetchNewMessages().then(dropStaleStreams);
         refreshHeader();
+        break;
+      case "file.changed":
+        if (files) files.fileChanged(data);
+        break;
+      case "delivery.recorded":
+        loadDelivery(data.delivery_id);
         break;
       case "session.archived":
         note("This Session was archived.");
@@ -1027,6 +1336,11 @@
     ui.note.classList.toggle("error", isError);
   }
 
+  /** Progress notes ("Message queued.") answer one moment; a turn starting or ending ends it. */
+  function clearInfoNote() {
+    if (!ui.note.classList.contains("error")) ui.note.textContent = "";
+  }
+
   function socketOpen() {
     return state.ws && state.ws.readyState === WebSocket.OPEN;
   }
@@ -1090,6 +1404,25 @@
   });
   ui.interrupt.addEventListener("click", interrupt);
 
+  // --- files ----------------------------------------------------------------------------------
+
+  const filesRoot = $("files-panel");
+  const files = filesRoot && filesPanel ? filesPanel({ apiBase: boot.api, root: filesRoot, grid: $("session-grid") }) : null;
+
+  /** home.js created this Session but could not queue its goal: say so and offer it again. */
+  function showFirstInputFailure() {
+    let saved = null;
+    try {
+      saved = JSON.parse(window.sessionStorage.getItem(FIRST_INPUT_NOTE_KEY) || "null");
+      window.sessionStorage.removeItem(FIRST_INPUT_NOTE_KEY);
+    } catch (exc) {
+      return;
+    }
+    if (!saved || saved.session !== boot.id) return;
+    if (!ui.input.value) ui.input.value = saved.text || "";
+    note(`Your goal was not sent to the agent (${saved.error}). It is in the message box: press Send.`, true);
+  }
+
   // --- start ----------------------------------------------------------------------------------
 
   async function start() {
@@ -1108,7 +1441,9 @@
     } catch (exc) {
       note(`Could not load the Session: ${exc.message}`, true);
     }
-    await loadPendingApprovals();
+    showFirstInputFailure();
+    if (files) files.load();
+    await Promise.all([loadPendingApprovals(), loadDeliveries()]);
     connect();
     window.setInterval(refreshApprovalTimes, APPROVAL_TIMES_REFRESH_MS);
   }

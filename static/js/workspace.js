@@ -171,6 +171,21 @@
     });
   }
 
+  /** 1536 -> "1.5 KB" (binary multiples, one decimal below 10). */
+  function formatBytes(size) {
+    const bytes = Number(size);
+    if (!Number.isFinite(bytes) || bytes < 0) return "";
+    if (bytes < 1024) return `${bytes} B`;
+    const units = ["KB", "MB", "GB", "TB"];
+    let value = bytes / 1024;
+    let unit = 0;
+    while (value >= 1024 && unit < units.length - 1) {
+      value /= 1024;
+      unit += 1;
+    }
+    return `${value < 10 ? value.toFixed(1) : Math.round(value)} ${units[unit]}`;
+  }
+
   function newIdempotencyKey() {
     if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
     return `k-${Date.now()}-${Math.random().toString(16).slice(2)}`;
@@ -180,6 +195,8 @@
     STATUSES,
     ApiError,
     api,
+    csrfToken,
+    formatBytes,
     apiAll,
     el,
     richText,
