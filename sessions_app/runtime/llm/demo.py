@@ -1,10 +1,18 @@
 """The scripted demo model: what runs when no LLM is configured (no API key anywhere).
 
 It is clearly labelled "demo model" in the API and UI. It plays the support weekly report
-task (SCENARIOS S1) through the *real* loop — plan, read, write, validate, complete — by
-reading the conversation it is sent, exactly as a model would: its next move depends only on
-the request's messages, and the KPIs it writes are computed from the CSV text that `fs_read`
-returned to it. Any other request gets an honest explanation that this is a demo model.
+task (SCENARIOS S1, and the clean-up of S2 when asked) through the *real* loop — plan, read,
+write, reopen, complete — by reading the conversation it is sent, exactly as a model would: its
+next move depends only on the request's messages. It finds the results of its own calls by
+`tool_call_id`, stops at the first call that failed and says which one and why, and never
+claims a report it did not make. The KPIs it writes (and quotes) are computed from the CSV text
+that `fs_read` returned to it. Any other request gets an honest explanation that this is a demo
+model.
+
+A failed call is recognised from the result text alone, since a tool message on the wire carries
+no error flag: ToolService words every refusal as "error in <stage> (<code>): <message>", and a
+call that never ran (rejected or expired approval, interrupt) starts with "Not run:" or
+"Interrupted:". Results the demo relies on are also checked for their success shape.
 """
 
 from __future__ import annotations
@@ -15,24 +23,32 @@ import json
 import re
 import statistics
 import time
+import uuid
 from collections import Counter
+from dataclasses import dataclass
 
 from .base import Cancelled, CancelSignal, ModelResult
 from .config import EffectiveModel
 
 REPORT_TRIGGER = re.compile(r"\b(report|kpi|tickets?)\b", re.IGNORECASE)
 STREAM_CHUNK_DELAY_S = 0.02
+SOURCE_FILE = "tickets.csv"
+REPORT_FILE = "report.html"
+KPIS_FILE = "kpis.csv"
 CLEANUP_FILE = "draft_to_delete.md"
-REPORT_READY = (
-    "The weekly support report is ready: **report.html** (headline KPIs, tickets by channel and by category) "
-    "and **kpis.csv** (the same figures, one metric per row). Both files were reopened and validated."
-)
 DEMO_SIGNATURE = " (Produced by the scripted demo model.)"
 PLAN_TASKS = [
     "Read tickets.csv",
     "Compute the weekly KPIs and write report.html and kpis.csv",
-    "Reopen both files and validate them",
+    "Reopen both files and check them",
 ]
+
+# How ToolService and the runtime word a call that failed or never ran (see the module docstring).
+FAILED_RESULT = re.compile(r"^(?:error in [\w.-]+ \([\w.-]+\):\s*|(?=Not run:)|(?=Interrupted:))")
+WRITE_OK = re.compile(r"^(?:created|modified) ")
+DELETE_OK = re.compile(r"^deleted [1-9]\d* files?:")
+READ_LINE = re.compile(r"^\s*(\d+)\t(.*)$")
+READ_MORE = re.compile(r"call fs_read with offset=(\d+) to continue")
 
 
 def compute_kpis(rows: list[dict]) -> dict:
@@ -106,18 +122,102 @@ td,th{{border:1px solid #dde3ea;padding:.3rem .8rem;text-align:left}}</style></h
 """
 
 
-def _strip_read_output(text: str) -> str:
-    """Recover file text from an fs_read result (which may number its lines)."""
-    lines = text.splitlines()
-    numbered = re.compile(r"^\s*\d+[\t|:]\s?")
-    if lines and all(numbered.match(line) or not line.strip() for line in lines[: min(5, len(lines))]):
-        lines = [numbered.sub("", line, count=1) for line in lines]
-    start = next((i for i, line in enumerate(lines) if line.startswith("ticket_id,")), None)
-    return "\n".join(lines[start:]) if start is not None else "\n".join(lines)
+@dataclass(frozen=True)
+class _Call:
+    """One tool call the demo made, with its result as the messages show it (None: no result)."""
+
+    id: str
+    name: str
+    arguments: dict
+    result: str | None
+
+    @property
+    def path(self) -> str | None:
+        return self.arguments.get("path")
+
+    @property
+    def failed(self) -> bool:
+        return self.result is None or FAILED_RESULT.match(self.result) is not None
+
+    @property
+    def error(self) -> str:
+        """The reason a failed call gives, in one line, without ToolService's stage prefix."""
+        if self.result is None:
+            return "no result was recorded for the call"
+        line = " ".join(FAILED_RESULT.sub("", self.result, count=1).split())
+        return line if len(line) <= 300 else line[:299] + "…"
 
 
-def _call(index: int, name: str, arguments: dict) -> dict:
-    return {"id": f"demo_{name}_{index}", "name": name, "arguments": json.dumps(arguments)}
+def _calls_since(messages: list[dict], start: int) -> list[_Call]:
+    """The tool calls of the assistant messages after `start`, each matched to its result by id."""
+    later = messages[start + 1 :]
+    results = {m.get("tool_call_id"): m.get("content") or "" for m in later if m["role"] == "tool"}
+    calls = []
+    for message in later:
+        if message["role"] != "assistant":
+            continue
+        for spec in message.get("tool_calls") or []:
+            function = spec.get("function") or spec  # the wire shape, or the stored one
+            try:
+                arguments = json.loads(function.get("arguments") or "{}")
+            except (TypeError, ValueError):
+                arguments = {}
+            calls.append(
+                _Call(
+                    id=spec["id"],
+                    name=function.get("name", ""),
+                    arguments=arguments if isinstance(arguments, dict) else {},
+                    result=results.get(spec["id"]),
+                )
+            )
+    return calls
+
+
+def _failure(call: _Call | None, success: re.Pattern | None = None) -> str:
+    """Why `call` did not do its job ("" when it did): no call or result, a failed call, or a
+    result without the shape a success has."""
+    if call is None:
+        return "the call was not made"
+    if call.failed:
+        return call.error
+    if success is not None and not success.match(call.result):
+        return "unexpected result: " + call.error
+    return ""
+
+
+def _last(calls: list[_Call], name: str, path: str | None = None) -> _Call | None:
+    for call in reversed(calls):
+        if call.name == name and (path is None or call.path == path):
+            return call
+    return None
+
+
+def _read_text(calls: list[_Call]) -> tuple[str, int | None]:
+    """The file text fs_read returned over one or more pages (lines come numbered), and the
+    offset to read next when the last page says there is more."""
+    lines: dict[int, str] = {}
+    for call in calls:
+        for line in (call.result or "").split("\n"):
+            numbered = READ_LINE.match(line)
+            if numbered:
+                lines[int(numbered.group(1))] = numbered.group(2)
+    more = READ_MORE.search(calls[-1].result or "") if calls else None
+    text = "\n".join(lines[n] for n in sorted(lines))
+    return text, int(more.group(1)) if more else None
+
+
+def _call(name: str, arguments: dict) -> dict:
+    # Unique per call, like a real model's ids: the UI and the audit trail key on them.
+    return {"id": f"call_{uuid.uuid4().hex}", "name": name, "arguments": json.dumps(arguments)}
+
+
+def _headline(kpis: dict) -> str:
+    return (
+        f"{kpis['tickets_total']} tickets from {kpis['period_start']} to {kpis['period_end']}, "
+        f"{kpis['tickets_resolved']} resolved (resolution rate {kpis['resolution_rate_pct']}%), "
+        f"average first response {kpis['avg_first_response_minutes']} minutes, "
+        f"average CSAT {kpis['avg_csat']} out of 5"
+    )
 
 
 class DemoModelProvider:
@@ -127,75 +227,137 @@ class DemoModelProvider:
     def complete(
         self, messages, tools, *, purpose: str, on_delta=None, cancel: CancelSignal | None = None
     ) -> ModelResult:
-        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
         task_start = self._task_start(messages)
-        if task_start is None or last_user is None:
+        if task_start is None:
             return self._say(self._explain(), on_delta, cancel)
-        stage = sum(1 for m in messages[task_start:] if m["role"] == "assistant")
-        tool_results = [m for m in messages[task_start:] if m["role"] == "tool"]
-        if stage == 0:
-            return self._tools(
-                [_call(0, "plan_create", {"title": "Support weekly KPI report", "tasks": PLAN_TASKS})],
-                "I'll plan the report first.",
-                on_delta,
-                cancel,
-            )
-        if stage == 1:
-            return self._tools(
-                [_call(1, "fs_read", {"path": "tickets.csv"})], "Reading the tickets.", on_delta, cancel
-            )
-        if stage == 2:
-            read = tool_results[-1]["content"] if tool_results else ""
-            try:
-                rows = list(csv.DictReader(io.StringIO(_strip_read_output(read))))
-                kpis = compute_kpis(rows)
-            except (KeyError, ValueError, csv.Error):
-                return self._say(
-                    "I could not parse tickets.csv (demo model): " + read[:300], on_delta, cancel
-                )
-            return self._tools(
-                [
-                    _call(2, "fs_write", {"path": "report.html", "content": report_html(kpis)}),
-                    _call(3, "fs_write", {"path": "kpis.csv", "content": kpis_csv(kpis)}),
-                ],
-                f"Computed the KPIs for {kpis['tickets_total']} tickets; writing the report.",
-                on_delta,
-                cancel,
-            )
-        if stage == 3:
-            return self._tools(
-                [_call(4, "fs_read", {"path": "report.html"}), _call(5, "fs_read", {"path": "kpis.csv"})],
-                "Validating both files.",
-                on_delta,
-                cancel,
-            )
-        if stage == 4:
-            return self._tools(
-                [
-                    _call(6 + i, "task_complete", {"task_id": f"t{i + 1}", "summary": title})
-                    for i, title in enumerate(PLAN_TASKS)
-                ],
-                "",
-                on_delta,
-                cancel,
-            )
-        wants_cleanup = CLEANUP_FILE in (messages[task_start].get("content") or "")
-        if stage == 5 and wants_cleanup:
-            return self._tools(
-                [_call(9, "fs_delete_files", {"paths": [CLEANUP_FILE]})],
-                f"Removing the scratch file {CLEANUP_FILE} as asked.",
-                on_delta,
-                cancel,
-            )
-        if wants_cleanup:
-            outcome = tool_results[-1]["content"] if tool_results else ""
-            cleanup = (
-                f" I deleted {CLEANUP_FILE}."
-                if outcome.startswith("deleted")
-                else f" I did not delete {CLEANUP_FILE}: {outcome[:200]}"
-            )
-            return self._say(REPORT_READY + cleanup + DEMO_SIGNATURE, on_delta, cancel)
-        return self._say(REPORT_READY + DEMO_SIGNATURE, on_delta, cancel)
+        request = messages[task_start].get("content") or ""
+        calls = _calls_since(messages, task_start)
+        text, tool_calls = self._next_move(request, calls)
+        if tool_calls:
+            return self._tools(tool_calls, text, on_delta, cancel)
+        return self._say(text + DEMO_SIGNATURE, on_delta, cancel)
+
+    def _next_move(self, request: str, calls: list[_Call]) -> tuple[str, list[dict]]:
+        """What to do next given the calls made for this request so far: (text, tool calls)."""
+        plan = _last(calls, "plan_create")
+        if plan is None:
+            return "I'll plan the report first.", [
+                _call("plan_create", {"title": "Support weekly KPI report", "tasks": PLAN_TASKS})
+            ]
+
+        reads = [c for c in calls if c.name == "fs_read" and c.path == SOURCE_FILE]
+        if not reads:
+            return "Reading the tickets.", [_call("fs_read", {"path": SOURCE_FILE})]
+        if reads[-1].failed:
+            return (
+                f"I could not read {SOURCE_FILE}: {reads[-1].error}. I have not written a report. "
+                f"Upload {SOURCE_FILE} to the workspace and ask again."
+            ), []
+        source, next_offset = _read_text(reads)
+        if next_offset is not None:
+            return "", [_call("fs_read", {"path": SOURCE_FILE, "offset": next_offset})]
+        try:
+            rows = list(csv.DictReader(io.StringIO(source)))
+            kpis = compute_kpis(rows) if rows else None
+        except (KeyError, ValueError, TypeError, csv.Error) as exc:
+            missing = f" (missing column {exc})" if isinstance(exc, KeyError) else ""
+            return (
+                f"I read {SOURCE_FILE} but could not compute the KPIs from it{missing}. I have not "
+                "written a report. It needs the columns ticket_id, opened_at, channel, category, status, "
+                "first_response_minutes, resolution_hours and csat."
+            ), []
+        if kpis is None:
+            return f"{SOURCE_FILE} holds no tickets, so I have not written a report.", []
+
+        outputs = {REPORT_FILE: report_html(kpis), KPIS_FILE: kpis_csv(kpis)}
+        writes = {path: _last(calls, "fs_write", path) for path in outputs}
+        if all(call is None for call in writes.values()):
+            return f"Computed the KPIs for {kpis['tickets_total']} tickets; writing the report.", [
+                _call("fs_write", {"path": path, "content": content}) for path, content in outputs.items()
+            ]
+        problems = [
+            f"could not write {path}: {_failure(call, WRITE_OK)}"
+            for path, call in writes.items()
+            if _failure(call, WRITE_OK)
+        ]
+        if problems:
+            written = [path for path, call in writes.items() if not _failure(call, WRITE_OK)]
+            return self._unfinished(kpis, problems, written), []
+
+        rereads = {path: _last(calls, "fs_read", path) for path in outputs}
+        if all(call is None for call in rereads.values()):
+            return "Reopening both files to check them.", [
+                _call("fs_read", {"path": path}) for path in outputs
+            ]
+        expected = {
+            REPORT_FILE: f"<td>{kpis['tickets_total']}</td>",
+            KPIS_FILE: f"tickets_total,{kpis['tickets_total']}",
+        }
+        problems = []
+        for path, call in rereads.items():
+            if _failure(call):
+                problems.append(f"could not reopen {path}: {_failure(call)}")
+            elif expected[path] not in call.result:
+                problems.append(f"reopened {path} and it does not hold the figures I wrote")
+        if problems:
+            return self._unfinished(kpis, problems, list(outputs)), []
+
+        notes = []
+        if plan.failed:
+            notes.append(f"I could not keep a plan ({plan.error}).")
+        else:
+            completions = [c for c in calls if c.name == "task_complete"]
+            if not completions:
+                summaries = [
+                    f"Read {kpis['tickets_total']} tickets from {SOURCE_FILE}",
+                    f"Wrote {REPORT_FILE} and {KPIS_FILE}",
+                    f"Reopened {REPORT_FILE} and {KPIS_FILE}; both hold the computed figures",
+                ]
+                return "", [
+                    _call("task_complete", {"task_id": task_id, "summary": summary})
+                    for task_id, summary in zip(self._task_ids(plan), summaries, strict=True)
+                ]
+            not_marked = [c for c in completions if c.failed]
+            if not_marked:
+                notes.append(f"I could not mark every plan task done ({not_marked[0].error}).")
+
+        if CLEANUP_FILE in request:
+            cleanup = _last(calls, "fs_delete_files")
+            if cleanup is None:
+                return f"Removing the scratch file {CLEANUP_FILE} as asked.", [
+                    _call("fs_delete_files", {"paths": [CLEANUP_FILE]})
+                ]
+            if _failure(cleanup, DELETE_OK):
+                notes.append(f"I did not delete {CLEANUP_FILE}: {_failure(cleanup, DELETE_OK)}")
+            else:
+                notes.append(f"I deleted {CLEANUP_FILE}.")
+
+        answer = (
+            f"The weekly support report is in **{REPORT_FILE}** (headline KPIs, tickets by channel and by "
+            f"category) and **{KPIS_FILE}** (the same figures, one metric per row); I reopened both files "
+            f"after writing them. Headline numbers: {_headline(kpis)}."
+        )
+        return " ".join([answer, *notes]), []
+
+    @staticmethod
+    def _unfinished(kpis: dict, problems: list[str], written: list[str]) -> str:
+        text = (
+            f"The report is not finished. I read {SOURCE_FILE} ({kpis['tickets_total']} tickets), but I "
+            + "; and I ".join(problems)
+            + "."
+        )
+        if written:
+            text += f" Written: {', '.join(written)}."
+        return text + " Fix the problem and ask again."
+
+    @staticmethod
+    def _task_ids(plan: _Call) -> list[str]:
+        """The ids plan_create gave the tasks (its result is the plan as JSON)."""
+        try:
+            ids = [str(task["id"]) for task in json.loads(plan.result or "")["tasks"]]
+        except (ValueError, TypeError, KeyError):
+            ids = []
+        return ids if len(ids) == len(PLAN_TASKS) else [f"t{i}" for i in range(1, len(PLAN_TASKS) + 1)]
 
     @staticmethod
     def _task_start(messages) -> int | None:

@@ -1,0 +1,267 @@
+"""The scripted demo model on the real loop (no LLM configured): it reads the results of its own
+calls, stops at the first failure and says which call failed, and never claims a report it did
+not make. Success answers quote the headline KPIs, recomputed here with a CSV parser."""
+
+import csv
+import io
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from approvals_app.choices import PolicyAction
+from approvals_app.models import PendingApproval
+from approvals_app.policy_models import ApprovalPolicy, ApprovalRule
+from sessions_app.models import Message, PlanTask, Turn
+from sessions_app.runtime import approvals, engine
+from sessions_app.runtime.llm import demo
+from sessions_app.runtime.llm.config import resolve_model
+from tools_app.models import Tool, ToolSet
+
+from .helpers import assert_tool_pairs, drive_until_idle, new_session, send
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TICKETS = Path(demo.__file__).resolve().parents[2] / "demo_data" / "tickets.csv"
+ASK = "tickets.csv holds last week's support tickets. Build the HTML weekly KPI report and kpis.csv."
+ASK_WITH_CLEANUP = ASK + " Then delete the scratch file draft_to_delete.md."
+CLAIMS = ("ready", "validated")
+
+
+@pytest.fixture(autouse=True)
+def no_llm_configured(settings, monkeypatch):
+    settings.OPENAI_API_KEY = ""
+    monkeypatch.setattr(demo, "STREAM_CHUNK_DELAY_S", 0)
+
+
+@pytest.fixture
+def session(tenant_a, owner_a):
+    session = new_session(tenant_a, owner_a)
+    assert resolve_model(session).provider == "demo"
+    return session
+
+
+def _upload_tickets(session):
+    shutil.copy(TICKETS, engine.workspace_path(session) / "tickets.csv")
+
+
+def _answer(session) -> str:
+    return Message.objects.filter(session=session, role="assistant").order_by("id").last().content
+
+
+def _calls(session, name=None) -> list[dict]:
+    calls = [
+        call
+        for message in Message.objects.filter(session=session, role="assistant").order_by("id")
+        for call in message.tool_calls
+    ]
+    return [c for c in calls if name is None or c["name"] == name]
+
+
+def _headline_numbers() -> dict:
+    rows = list(csv.DictReader(TICKETS.open(newline="")))
+    resolved = [r for r in rows if r["status"] == "resolved"]
+    return {
+        "total": f"{len(rows)} tickets",
+        "resolved": f"{len(resolved)} resolved",
+        "rate": f"{round(100 * len(resolved) / len(rows), 1)}%",
+        "first_response": f"{round(statistics.mean(float(r['first_response_minutes']) for r in rows), 1)} minutes",
+        "csat": f"CSAT {round(statistics.mean(int(r['csat']) for r in resolved), 2)}",
+    }
+
+
+def test_a_finished_report_is_answered_with_its_headline_numbers(session):
+    _upload_tickets(session)
+    send(session, ASK)
+    drive_until_idle(session)
+
+    assert Turn.objects.get(session=session).reason == "completed"
+    workspace = engine.workspace_path(session)
+    assert (workspace / "report.html").is_file() and (workspace / "kpis.csv").is_file()
+    answer = _answer(session)
+    for label, number in _headline_numbers().items():
+        assert number in answer, (label, answer)
+    assert "report.html" in answer and "kpis.csv" in answer and "reopened" in answer
+    assert "validated" not in answer
+    assert [c["name"] for c in _calls(session)] == [
+        "plan_create",
+        "fs_read",
+        "fs_write",
+        "fs_write",
+        "fs_read",
+        "fs_read",
+        "task_complete",
+        "task_complete",
+        "task_complete",
+    ]
+    assert set(PlanTask.objects.filter(plan__session=session).values_list("status", flat=True)) == {"done"}
+    assert_tool_pairs(session)
+
+
+def test_without_tickets_csv_it_says_so_and_claims_no_report(session):
+    send(session, ASK)
+    drive_until_idle(session)
+
+    assert Turn.objects.get(session=session).reason == "completed"
+    answer = _answer(session)
+    assert "could not read tickets.csv" in answer and "does not exist" in answer
+    assert "Upload tickets.csv" in answer
+    assert not any(claim in answer.lower() for claim in CLAIMS)
+    assert _calls(session, "fs_write") == [] and _calls(session, "task_complete") == []
+    workspace = engine.workspace_path(session)
+    assert not (workspace / "report.html").exists() and not (workspace / "kpis.csv").exists()
+
+
+def test_a_failed_write_is_named_and_nothing_is_claimed(session):
+    _upload_tickets(session)
+    (engine.workspace_path(session) / "report.html").mkdir()  # fs_write cannot replace a directory
+    send(session, ASK)
+    drive_until_idle(session)
+
+    answer = _answer(session)
+    assert "could not write report.html" in answer and "is a directory" in answer
+    assert "Written: kpis.csv" in answer
+    assert "could not write kpis.csv" not in answer
+    assert not any(claim in answer.lower() for claim in CLAIMS)
+    assert _calls(session, "task_complete") == []  # no plan task is marked done
+    assert len(_calls(session, "fs_read")) == 1  # nothing reopened after the failure
+
+
+def test_a_write_rejected_by_a_person_is_named_in_the_answer(session, tenant_a, owner_a):
+    policy = ApprovalPolicy.objects.create(tenant=tenant_a, name="Careful writes", priority=1)
+    ApprovalRule.objects.create(
+        tenant=tenant_a, policy=policy, tool_glob="fs_write", action=PolicyAction.REQUIRE_APPROVAL
+    )
+    _upload_tickets(session)
+    send(session, ASK)
+    drive_until_idle(session)
+    assert session.status == "waiting_approval"
+    approvals.submit_decision(PendingApproval.objects.get(session_id=session.pk), "reject", user=owner_a)
+    drive_until_idle(session)
+    # The second write waits for its own decision; approve it.
+    approvals.submit_decision(
+        PendingApproval.objects.get(session_id=session.pk, status="pending"), "approve", user=owner_a
+    )
+    drive_until_idle(session)
+
+    assert Turn.objects.get(session=session).reason == "completed"
+    answer = _answer(session)
+    assert "could not write report.html: Not run: this call needed approval and was rejected" in answer
+    assert "Written: kpis.csv" in answer
+    assert not any(claim in answer.lower() for claim in CLAIMS)
+    assert not (engine.workspace_path(session) / "report.html").exists()
+
+
+def test_a_rejected_cleanup_is_reported_and_the_report_still_stands(tenant_a, owner_a):
+    cleanup = ToolSet.objects.create(tenant=tenant_a, name="cleanup", is_default=True)
+    cleanup.tools.add(Tool.objects.get(tenant=None, name="fs_delete_files"))
+    session = new_session(tenant_a, owner_a)  # after the tool set: a new Session gets default sets
+    _upload_tickets(session)
+    (engine.workspace_path(session) / demo.CLEANUP_FILE).write_text("scratch")
+    send(session, ASK_WITH_CLEANUP)
+    drive_until_idle(session)
+    approval = PendingApproval.objects.get(session_id=session.pk)
+    assert approval.tool == "fs_delete_files"
+    approvals.submit_decision(approval, "reject", user=owner_a, comment="keep it")
+    drive_until_idle(session)
+
+    answer = _answer(session)
+    assert f"I did not delete {demo.CLEANUP_FILE}: Not run:" in answer
+    assert _headline_numbers()["total"] in answer
+    assert (engine.workspace_path(session) / demo.CLEANUP_FILE).exists()
+
+
+def test_call_ids_are_unique_across_turns_of_one_session(session):
+    _upload_tickets(session)
+    send(session, ASK)
+    drive_until_idle(session)
+    send(session, "Build the weekly KPI report again, please.")
+    drive_until_idle(session)
+
+    assert list(Turn.objects.filter(session=session).values_list("reason", flat=True)) == ["completed"] * 2
+    ids = [c["id"] for c in _calls(session)]
+    assert len(ids) == 18 and len(set(ids)) == 18
+    assert all(i.startswith("call_") for i in ids)
+    assert_tool_pairs(session)
+
+
+def _wire_call(call_id, name, arguments):
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+def test_results_are_matched_to_calls_by_id_not_position():
+    """Only the messages decide: results listed out of order still reach the right call."""
+    provider = demo.DemoModelProvider(model=None)
+    table = "\n".join(f"{n:>6}\t{line}" for n, line in enumerate(TICKETS.read_text().splitlines(), 1))
+    messages = [
+        {"role": "system", "content": "You are xAgent."},
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": None, "tool_calls": [_wire_call("p", "plan_create", {})]},
+        {"role": "tool", "tool_call_id": "p", "content": '{"title": "x", "tasks": []}'},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_wire_call("r", "fs_read", {"path": "tickets.csv"})],
+        },
+        {"role": "tool", "tool_call_id": "r", "content": table},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                _wire_call("w1", "fs_write", {"path": "report.html", "content": "..."}),
+                _wire_call("w2", "fs_write", {"path": "kpis.csv", "content": "..."}),
+            ],
+        },
+        {"role": "tool", "tool_call_id": "w2", "content": "error in runtime (os_error): disk full"},
+        {"role": "tool", "tool_call_id": "w1", "content": "created report.html (1.9 KB)"},
+    ]
+    result = provider.complete(messages, [], purpose="agent")
+    assert result.tool_calls == [] and result.finish_reason == "stop"
+    assert "could not write kpis.csv: disk full" in result.text
+    assert "Written: report.html" in result.text
+
+    first = provider.complete(messages[:2], [], purpose="agent").tool_calls
+    second = provider.complete(messages[:2], [], purpose="agent").tool_calls
+    assert [(c["name"], c["arguments"]) for c in first] == [(c["name"], c["arguments"]) for c in second]
+    assert first[0]["id"] != second[0]["id"]
+
+
+def test_a_long_tickets_csv_is_read_page_by_page():
+    provider = demo.DemoModelProvider(model=None)
+    lines = TICKETS.read_text().splitlines()
+    page = "\n".join(f"{n:>6}\t{line}" for n, line in enumerate(lines[:30], 1))
+    more = f"\n…[lines 1-30 of {len(lines)} shown; call fs_read with offset=31 to continue]"
+    messages = [
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": None, "tool_calls": [_wire_call("p", "plan_create", {})]},
+        {"role": "tool", "tool_call_id": "p", "content": "{}"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_wire_call("r1", "fs_read", {"path": "tickets.csv"})],
+        },
+        {"role": "tool", "tool_call_id": "r1", "content": page + more},
+    ]
+    (call,) = provider.complete(messages, [], purpose="agent").tool_calls
+    assert (call["name"], json.loads(call["arguments"])) == ("fs_read", {"path": "tickets.csv", "offset": 31})
+
+    rest = "\n".join(f"{n:>6}\t{line}" for n, line in enumerate(lines[30:], 31))
+    messages += [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_wire_call("r2", "fs_read", json.loads(call["arguments"]))],
+        },
+        {"role": "tool", "tool_call_id": "r2", "content": rest},
+    ]
+    writes = provider.complete(messages, [], purpose="agent").tool_calls
+    written = json.loads(writes[1]["arguments"])
+    assert written["path"] == "kpis.csv"
+    kpis = {row["metric"]: row["value"] for row in csv.DictReader(io.StringIO(written["content"]))}
+    assert kpis["tickets_total"] == str(len(lines) - 1)
