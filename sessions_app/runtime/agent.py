@@ -265,6 +265,7 @@ class AgentService:
                 call_spec["id"],
                 call_spec["name"],
                 redactor.redact_data(_display_arguments(call_spec["arguments"])),
+                turn_id=turn_id,
             )
         return self._run_calls(session, turn, assistant.pk, result.tool_calls, tools, secrets, redactor)
 

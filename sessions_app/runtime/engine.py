@@ -408,10 +408,21 @@ def commit_assistant_message(
         )
 
 
-def announce_tool_started(session_id, token, call_id: str, tool: str, arguments) -> None:
+def announce_tool_started(session_id, token, call_id: str, tool: str, arguments, *, turn_id=None) -> None:
+    # `turn_id` (an extension of the CONTRACT shape): call ids are the model's and may repeat
+    # across turns, so clients key tool cards by (turn, call id).
     arguments = without_nul(arguments)
     with locked_session(session_id, token) as session:
-        emit(session, "tool.started", {"call_id": call_id, "tool": tool, "arguments": arguments})
+        emit(
+            session,
+            "tool.started",
+            {
+                "call_id": call_id,
+                "tool": tool,
+                "arguments": arguments,
+                **({"turn_id": turn_id} if turn_id else {}),
+            },
+        )
 
 
 def commit_tool_result(
@@ -440,6 +451,7 @@ def commit_tool_result(
                 "tool": tool,
                 "ok": ok,
                 "summary": summary,
+                "turn_id": turn_id,
                 **({"source": source} if source else {}),
             },
         )
