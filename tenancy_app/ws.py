@@ -158,6 +158,10 @@ class RefusedConsumer(AsyncWebsocketConsumer):
     """Every WebSocket path no route matches (unknown, or a malformed Session id): refused at the
     handshake (daphne answers 403), never a routing exception."""
 
+    # An alias no settings define: `get_channel_layer` answers None, so a refused socket opens no
+    # channel-layer subscription (no Redis round trips for junk, nothing to cancel at its end).
+    channel_layer_alias = "refused-sockets-use-no-layer"
+
     async def connect(self):
         await self.close(code=CLOSE_NOT_FOUND)
 

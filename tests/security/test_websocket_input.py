@@ -235,6 +235,7 @@ class TestRefusedHandshakes:
         connected, code = await communicator.connect()
 
         assert connected is False and code == CLOSE_NOT_FOUND
+        await communicator.disconnect()  # end the consumer instance here, not at loop teardown
 
     async def test_a_nul_in_the_token_is_refused_as_unauthenticated(self, session_a):
         communicator = WebsocketCommunicator(
