@@ -125,9 +125,11 @@ def exception_handler(exc, context):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
-    elif isinstance(exc, (RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent)):
+    elif isinstance(exc, RequestDataTooBig):
         # Django raises these lazily, when the body is first read (DRF's JSON parser reads it).
         exc = PayloadTooLarge()
+    elif isinstance(exc, (TooManyFieldsSent, TooManyFilesSent)):
+        exc = exceptions.ParseError(f"The request body has too many parts: {exc}", code="too_many_fields")
     response = drf_exception_handler(exc, context)
     if response is None:
         # An unexpected crash: log it with its traceback and answer in the same shape,

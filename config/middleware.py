@@ -2,8 +2,8 @@
 
 - a declared body over `DATA_UPLOAD_MAX_MEMORY_SIZE` -> 413 `payload_too_large`, before it is
   read (a chunked body, which declares no length, is measured in the ASGI handler's buffer and
-  given its Content-Length, so DRF reads it and the same limit applies) (multipart uploads are left to Django, which counts only their non-file fields, and to
-  the exception handler in `config.api`);
+  given its Content-Length, so DRF reads it and the same limit applies); a multipart upload is
+  measured the same way but judged by the upload view against `XAGENT_UPLOAD_MAX_BYTES`;
 - a NUL character in the path or a query parameter -> 400 naming it (PostgreSQL cannot store
   or compare text holding NUL, so it would otherwise surface as a database error);
 - a path no route matches -> JSON 404, also with DEBUG on, where Django's `handler404` is not
@@ -59,15 +59,14 @@ class ApiRequestGuardMiddleware:
     @staticmethod
     def _too_large(request):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        if limit is None or request.content_type == "multipart/form-data":
-            return None
         try:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             return None
         if not length and request.method in ("POST", "PUT", "PATCH"):
             length = _declare_buffered_length(request)
-        if length <= limit:
+        # An upload's size is the upload view's to judge (XAGENT_UPLOAD_MAX_BYTES).
+        if limit is None or request.content_type == "multipart/form-data" or length <= limit:
             return None
         return _json(
             413,

@@ -26,7 +26,9 @@ MAX_IMAGE_PIXELS = 80_000_000
 SAMPLE_ROWS = 50
 PREVIEW_ROWS = 100
 PREVIEW_TEXT_BYTES = 256 * 1024
-PREVIEW_MARKDOWN_BYTES = 512 * 1024
+# Rendering runs in the web process (about 0.4 MB/s here): bounded so a preview stays well
+# under a second and cannot starve other requests of the interpreter.
+PREVIEW_MARKDOWN_BYTES = 128 * 1024
 MAX_CELL_CHARS = 500
 MAX_LISTED = 50
 
@@ -356,12 +358,22 @@ def _looks_like_text(path: Path) -> bool:
     return True
 
 
+def _line_count(text: str) -> int:
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
 def preview(path: Path, rel: str, raw_url: str) -> dict:
-    """What the Session page shows of a file (see the module docstring); never raises for content."""
+    """What the Session page shows of a file (see the module docstring); never raises for content.
+
+    Counts (`row_count`, `line_count`) cover what was read; `…_exact` says whether that was the
+    whole file, `truncated` that it was not.
+    """
     size = path.stat().st_size
-    kind = kind_of(rel)
+    kind = "image" if rel.lower().endswith(".svg") else kind_of(rel)
     base = {"path": rel, "size": size, "content_type": content_type_of(rel)}
-    if kind in ("html", "image", "pdf"):
+    if kind == "html":
+        return {**base, "kind": kind, "url": raw_url, "scripts_url": f"{raw_url}?scripts=1"}
+    if kind in ("image", "pdf"):
         return {**base, "kind": kind, "url": raw_url}
     if kind == "binary" and not _looks_like_text(path):
         return {
@@ -383,24 +395,33 @@ def preview(path: Path, rel: str, raw_url: str) -> dict:
             "url": raw_url,
             "message": "Not UTF-8 text; download it to open it.",
         }
+    as_text = {
+        **base,
+        "kind": "text",
+        "text": text,
+        "line_count": _line_count(text),
+        "line_count_exact": not truncated,
+        "truncated": truncated,
+    }
     if kind == "csv":
+        if truncated:
+            text = text[: text.rfind("\n") + 1]  # whole rows only
         try:
             reader = csv.reader(io.StringIO(text, newline=""), dialect=_csv_dialect(text, rel))
             rows = [row for row in reader if row]
         except csv.Error as exc:
-            return {**base, "kind": "text", "text": text, "line_count": text.count("\n") + 1,
-                    "truncated": truncated, "message": f"Shown as text: the CSV does not parse ({exc})."}  # fmt: skip
+            return {**as_text, "message": f"Shown as text: the CSV does not parse ({exc})."}
         header, body = (rows[0], rows[1:]) if rows else ([], [])
         return {
             **base,
             "kind": "csv",
             "header": [_cell(h) for h in header],
             "rows": [[_cell(c) for c in row] for row in body[:PREVIEW_ROWS]],
-            # Counted over what was read; `truncated` says whether that was the whole file.
             "row_count": len(body),
+            "row_count_exact": not truncated,
             "column_count": len(header),
-            "truncated": truncated or len(body) > PREVIEW_ROWS,
+            "truncated": truncated,
         }
     if kind == "markdown":
         return {**base, "kind": "markdown", "html": _markdown_html(text), "truncated": truncated}
-    return {**base, "kind": "text", "text": text, "line_count": text.count("\n") + 1, "truncated": truncated}
+    return as_text

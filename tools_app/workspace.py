@@ -25,8 +25,10 @@ RESOLVE_STAGE = "resolve_path"
 # Tenant slugs, numeric ids and UUIDs all match; anything else would let a caller choose
 # where on disk a workspace lands.
 _SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-# A person names files through HTTP forms and headers: no newlines, tabs or other C0/DEL controls.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# A person names files through HTTP forms and headers: no C0/DEL/C1 controls, and none of the
+# invisible characters that make a name read as something else (bidi overrides turn
+# "invoice\u202etxt.html" into "invoicelmth.txt", zero-width spaces, line separators, BOM).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 
 
 def _escape(user_path: str, why: str) -> ToolError:
@@ -199,7 +201,8 @@ def upload_destination(workspace: Path, file_name: str, user_path: str | None) -
     for text in (name, user_path or ""):
         if _CONTROL.search(text):
             raise ToolError(
-                f"{text[:200]!r} holds a control character; file names may not", code="invalid_path"
+                f"{text[:200]!r} holds a control or invisible formatting character; file names may not",
+                code="invalid_path",
             )
     target = user_path.strip() if user_path else ""
     if not target:
@@ -237,8 +240,10 @@ def save_upload(
     replaced = path.stat().st_size if existed else 0
     files, used = workspace_usage(workspace, stop_after_files=max_files)
     if not existed and files >= max_files:
+        # Counting stops past the limit: `files` is a lower bound when it exceeds it.
         raise WorkspaceLimitExceeded(
-            f"the workspace already holds {max_files:,} files, its limit; delete some first",
+            f"the workspace already holds {'more than ' if files > max_files else ''}{max_files:,} files, "
+            "its limit; delete some first",
             code="too_many_files",
             status=400,
             details={"files": files, "limit_files": max_files},
@@ -251,7 +256,8 @@ def save_upload(
             details={"used_bytes": used, "size": size, "limit_bytes": max_workspace_bytes},
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".upload")
+    # A short temporary name: a legal 255-byte file name plus a prefix would not fit.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".upload-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             for chunk in chunks:

@@ -24,7 +24,6 @@ from rest_framework.parsers import MultiPartParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
-from config.api import PayloadTooLarge
 from config.schema import error
 from tools_app.base import ToolError
 from tools_app.workspace import (
@@ -47,12 +46,16 @@ CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 # Multipart framing around the file (boundaries, part headers, the `path` field).
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
-# Scripts may run (a report may draw a chart), but in an opaque origin: no cookies, no storage,
-# no requests anywhere (`default-src 'none'`), no forms, no navigation of the app's window.
-RAW_FILE_CSP = (
-    "sandbox allow-scripts; default-src 'none'; script-src 'unsafe-inline'; "
-    "style-src 'unsafe-inline'; img-src data: blob:; font-src data:; media-src data: blob:"
+# Served in an opaque origin: no cookies, no storage, no requests anywhere (`default-src
+# 'none'`), no forms. By default no script runs either: a sandboxed page with scripts can still
+# navigate itself elsewhere and carry its own text along (CSP does not govern navigation), so
+# scripts run only when the person asks for them (`?scripts=1`, the preview's "Run scripts").
+_RAW_FILE_POLICY = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:; "
+    "media-src data: blob:; form-action 'none'; base-uri 'none'"
 )
+RAW_FILE_CSP = f"sandbox; {_RAW_FILE_POLICY}"
+RAW_FILE_CSP_WITH_SCRIPTS = f"sandbox allow-scripts; script-src 'unsafe-inline'; {_RAW_FILE_POLICY}"
 
 
 class WorkspacePathError(exceptions.APIException):
@@ -120,7 +123,8 @@ UPLOADED = inline_serializer(
 
 
 class SessionFilesMixin:
-    """Actions of `SessionViewSet`: the Session comes from its tenant-scoped `get_object`."""
+    # Actions of `SessionViewSet`: the Session comes from its tenant-scoped `get_object`.
+    # (A comment, not a docstring: drf-spectacular would show it on every Session operation.)
 
     def _workspace(self):
         session = self.get_object()
@@ -154,7 +158,10 @@ class SessionFilesMixin:
         request=UPLOAD_REQUEST,
         responses={
             201: UPLOADED,
-            400: error("`validation_error` (no `file`), `path_escape`, `is_a_directory`, `too_many_files`."),
+            400: error(
+                "`validation_error` (no `file`), `malformed_body`, `too_many_fields`, `path_escape`, "
+                "`invalid_path`, `is_a_directory`, `too_many_files` (XAGENT_WORKSPACE_MAX_FILES)."
+            ),
             413: error(
                 "`file_too_large` (XAGENT_UPLOAD_MAX_BYTES), `workspace_full` (XAGENT_WORKSPACE_MAX_BYTES)."
             ),
@@ -171,12 +178,25 @@ class SessionFilesMixin:
         except ValueError:
             declared = 0
         if declared > limit + MULTIPART_OVERHEAD_BYTES:
-            raise PayloadTooLarge(
-                f"The upload is larger than this server accepts ({limit:,} bytes per file)."
+            # Refused before the body is parsed; the code is the one a just-too-large file gets.
+            raise WorkspaceLimit(
+                WorkspaceLimitExceeded(
+                    f"the upload is {declared:,} bytes, over the {limit:,}-byte upload limit",
+                    code="file_too_large",
+                    status=413,
+                    details={"content_length": declared, "limit_bytes": limit},
+                )
             )
         upload = request.data.get("file")
         if upload is None or not hasattr(upload, "chunks"):
-            raise serializers.ValidationError({"file": ["Send the file as the multipart field `file`."]})
+            raise serializers.ValidationError(
+                {
+                    "file": [
+                        "No file arrived: send it as the multipart part `file` with a filename "
+                        "(a part without a filename, or a body that does not parse as multipart, holds none)."
+                    ]
+                }
+            )
         user_path = request.data.get("path")
         if user_path is not None and (not isinstance(user_path, str) or len(user_path) > 1000):
             raise serializers.ValidationError({"path": ["A relative path of at most 1000 characters."]})
@@ -209,18 +229,23 @@ class SessionFilesMixin:
         parameters=[
             FILE_PATH_PARAMETER,
             OpenApiParameter("download", bool, description="`1`: `Content-Disposition: attachment`"),
+            OpenApiParameter(
+                "scripts",
+                bool,
+                description="`1`: let the page's scripts run (still sandboxed: no cookies, storage or requests)",
+            ),
         ],
         responses={
             # Whatever the file is: text/csv, text/html, image/png, application/octet-stream…
             (200, "*/*"): OpenApiResponse(
                 OpenApiTypes.BINARY, description="the file's bytes, with its content type"
             ),
-            400: error("`path_escape` or `is_a_directory`."),
+            400: error("`path_escape`, `invalid_path` or `is_a_directory`."),
         },
     )
     def file_content(self, request, pk=None, path=""):
         """The file's bytes with its content type. Served inline (or as an attachment with
-        `?download=1`) under `Content-Security-Policy: sandbox`."""
+        `?download=1`) under `Content-Security-Policy: sandbox`; scripts run only with `?scripts=1`."""
         _, workspace = self._workspace()
         resolved = self._resolve(workspace, path)
         if resolved.is_dir():
@@ -235,7 +260,8 @@ class SessionFilesMixin:
         response["Content-Disposition"] = content_disposition_header(
             as_attachment, CONTROL_CHARACTERS.sub("_", resolved.name)
         )
-        response["Content-Security-Policy"] = RAW_FILE_CSP
+        with_scripts = request.query_params.get("scripts") in ("1", "true", "yes")
+        response["Content-Security-Policy"] = RAW_FILE_CSP_WITH_SCRIPTS if with_scripts else RAW_FILE_CSP
         response["X-Content-Type-Options"] = "nosniff"
         response["Cache-Control"] = "private, no-cache"
         response["Cross-Origin-Resource-Policy"] = "same-origin"
@@ -273,6 +299,11 @@ class SessionFilesMixin:
                     "size": serializers.IntegerField(),
                     "content_type": serializers.CharField(),
                     "url": serializers.CharField(required=False),
+                    "scripts_url": serializers.CharField(
+                        required=False, help_text="html: the same page with its scripts allowed"
+                    ),
+                    "row_count_exact": serializers.BooleanField(required=False),
+                    "line_count_exact": serializers.BooleanField(required=False),
                     "header": serializers.ListField(child=serializers.CharField(), required=False),
                     "rows": serializers.ListField(
                         child=serializers.ListField(child=serializers.CharField()), required=False
@@ -286,7 +317,7 @@ class SessionFilesMixin:
                     "message": serializers.CharField(required=False),
                 },
             ),
-            400: error("`path_escape` or `is_a_directory`."),
+            400: error("`path_escape`, `invalid_path` or `is_a_directory`."),
         },
     )
     def file_preview(self, request, pk=None, path=""):

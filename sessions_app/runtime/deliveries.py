@@ -26,6 +26,8 @@ from ..models import Message, SessionEvent, Turn
 MAX_DELIVERED_FILES = 100
 MAX_HASH_BYTES = 256 * 1024 * 1024
 MAX_WALK_ENTRIES = 10_000
+# How far before the turn's start a person's upload is looked for (events, not time).
+PERSON_LOOKBACK_EVENTS = 500
 # The kernel stamps mtimes from a coarse clock that may lag the turn's start by a tick: a file
 # written in the turn's first instant still counts. Files a person uploaded just before the turn
 # are told apart by their `file.changed` event, not by time.
@@ -51,28 +53,39 @@ def _sha256(path: Path) -> str:
 
 
 def _changed_paths(turn: Turn, workspace: Path) -> list[str]:
+    """Files the turn's tools created or changed.
+
+    Announced changes count unless a person made them (`file.changed` with `by`: an upload or a
+    delete through the files API, before or during the turn). Files modified since the turn
+    started count too, unless a person is the last to have announced them: a tool that writes
+    without announcing (a shell command, an MCP server) is still seen.
+    """
     started = (
         SessionEvent.objects.filter(session_id=turn.session_id, type="turn.started", data__turn_id=turn.pk)
         .values_list("seq", flat=True)
         .first()
     )
-    announced: dict[str, str] = {}
-    uploaded_before: set[str] = set()
+    by_tools: dict[str, str] = {}
+    last_by_person: set[str] = set()
     if started is not None:
         for seq, data in SessionEvent.objects.filter(
-            session_id=turn.session_id, type="file.changed", seq__gt=max(started - 200, 0)
+            session_id=turn.session_id, type="file.changed", seq__gt=max(started - PERSON_LOOKBACK_EVENTS, 0)
         ).values_list("seq", "data"):
             if not isinstance(data, dict) or not isinstance(data.get("path"), str):
                 continue
-            if seq > started:
-                announced[data["path"]] = data.get("op", "")
-            elif data.get("by"):
-                uploaded_before.add(data["path"])
-    paths = {path for path, op in announced.items() if op != "deleted"}
+            path = data["path"]
+            if data.get("by"):
+                last_by_person.add(path)
+                by_tools.pop(path, None)
+            else:
+                last_by_person.discard(path)
+                if seq > started:
+                    by_tools[path] = data.get("op", "")
+    paths = {path for path, op in by_tools.items() if op != "deleted"}
     if workspace.is_dir():
         since = turn.started_at.timestamp() - MTIME_SLACK_S
         for entry in list_tree(workspace, max_entries=MAX_WALK_ENTRIES):
-            if entry["kind"] != "file" or entry["path"] in uploaded_before:
+            if entry["kind"] != "file" or entry["path"] in last_by_person or entry["path"] in paths:
                 continue
             if os.stat(workspace / entry["path"], follow_symlinks=False).st_mtime >= since:
                 paths.add(entry["path"])

@@ -19,7 +19,7 @@ from pypdf import PdfWriter
 
 from sessions_app import artifacts
 from sessions_app.models import Delivery, Message, SessionEvent, Turn
-from sessions_app.runtime import deliveries, engine
+from sessions_app.runtime import brain, deliveries, engine
 from sessions_app.runtime.llm.demo import compute_kpis
 
 from ..runtime.helpers import drive_until_idle, send
@@ -105,6 +105,26 @@ class TestS1:
         assert delivery["files"] == [] and delivery["checks"] == []
         event = SessionEvent.objects.get(session=session_a, type="delivery.recorded")
         assert event.data["unresolved"] == 1
+
+    def test_a_persons_upload_during_the_turn_is_not_the_turns_output(self, api_owner_a, session_a, owner_a):
+        api_owner_a.post(
+            f"/api/v1/sessions/{session_a.pk}/files/",
+            {"file": SimpleUploadedFile("tickets.csv", TICKETS.read_bytes())},
+            format="multipart",
+        )
+        send(session_a, REPORT_REQUEST)
+        brain.drive(session_a.pk, max_steps=2)  # the turn is under way
+        uploaded = api_owner_a.post(
+            f"/api/v1/sessions/{session_a.pk}/files/",
+            {"file": SimpleUploadedFile("notes.md", b"# mine")},
+            format="multipart",
+        )
+        assert uploaded.status_code == 201
+
+        drive_until_idle(session_a)
+
+        delivery = api_owner_a.get(deliveries_url(session_a)).json()["results"][0]
+        assert {f["path"] for f in delivery["files"]} == {"report.html", "kpis.csv"}
 
     def test_one_record_per_completed_turn_and_the_detail_route(self, api_owner_a, session_a):
         send(session_a, "hello")

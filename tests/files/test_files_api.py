@@ -125,7 +125,8 @@ class TestLimits:
 
         response = upload(api_owner_a, session_a, "big.bin", b"x" * 200_000)
 
-        assert_error_shape(response, 413, "payload_too_large")
+        error = assert_error_shape(response, 413, "file_too_large")
+        assert error["details"]["limit_bytes"] == 1000 and error["details"]["content_length"] > 200_000
 
     def test_a_full_workspace_is_413(self, api_owner_a, session_a, workspace, settings):
         settings.XAGENT_WORKSPACE_MAX_BYTES = 100
@@ -176,9 +177,17 @@ class TestTreeAndContent:
         assert response["Content-Type"] == "text/html; charset=utf-8"
         assert response["Content-Disposition"].startswith("inline")
         csp = response["Content-Security-Policy"]
-        assert csp.startswith("sandbox allow-scripts;") and "allow-same-origin" not in csp
+        assert csp.startswith("sandbox;") and "allow-" not in csp and "script-src" not in csp
         assert "default-src 'none'" in csp
         assert response["X-Content-Type-Options"] == "nosniff"
+
+    def test_scripts_run_only_when_asked_and_still_sandboxed(self, api_owner_a, session_a, workspace):
+        (workspace / "chart.html").write_text("<script>document.title='x'</script>")
+
+        csp = api_owner_a.get(files_url(session_a, "chart.html") + "?scripts=1")["Content-Security-Policy"]
+
+        assert csp.startswith("sandbox allow-scripts;") and "allow-same-origin" not in csp
+        assert "script-src 'unsafe-inline'" in csp and "default-src 'none'" in csp
 
     def test_download_forces_an_attachment(self, api_owner_a, session_a, workspace):
         (workspace / "kpis.csv").write_text("metric,value\n")
@@ -341,7 +350,17 @@ class TestPreviews:
 
         assert body["kind"] == "csv"
         assert body["header"] == ["a", "b"] and body["row_count"] == 150 and body["column_count"] == 2
-        assert len(body["rows"]) == 100 and body["rows"][0] == ["0", "0"] and body["truncated"]
+        assert body["row_count_exact"] and not body["truncated"]
+        assert len(body["rows"]) == 100 and body["rows"][0] == ["0", "0"]
+
+    def test_a_csv_larger_than_a_preview_says_its_count_is_partial(self, api_owner_a, session_a, workspace):
+        (workspace / "big.csv").write_text("n\n" + "".join(f"{i}\n" for i in range(100_000)))
+
+        body = self.preview(api_owner_a, session_a, "big.csv")
+
+        assert body["truncated"] and not body["row_count_exact"]
+        assert 1000 < body["row_count"] < 100_000
+        assert body["rows"][-1] == [str(len(body["rows"]) - 1)]
 
     def test_markdown_is_rendered_and_sanitized(self, api_owner_a, session_a, workspace):
         (workspace / "g.md").write_text(
@@ -361,10 +380,14 @@ class TestPreviews:
         (workspace / "r.html").write_text("<p>x</p>")
         (workspace / "b.bin").write_bytes(b"\x00\xff" * 10)
 
-        assert self.preview(api_owner_a, session_a, "notes.txt")["text"] == "one\ntwo\n"
+        text = self.preview(api_owner_a, session_a, "notes.txt")
+        assert text["text"] == "one\ntwo\n" and text["line_count"] == 2 and text["line_count_exact"]
         assert self.preview(api_owner_a, session_a, "README")["kind"] == "text"
         html = self.preview(api_owner_a, session_a, "r.html")
         assert html["kind"] == "html" and html["url"] == f"/api/v1/sessions/{session_a.pk}/files/r.html"
+        assert html["scripts_url"] == html["url"] + "?scripts=1"
+        (workspace / "logo.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'/>")
+        assert self.preview(api_owner_a, session_a, "logo.svg")["kind"] == "image"
         assert self.preview(api_owner_a, session_a, "b.bin")["kind"] == "binary"
 
     def test_a_hostile_name_is_returned_as_data(self, api_owner_a, session_a, workspace):
@@ -406,7 +429,20 @@ class TestHostileNames:
     def test_uploads_refuse_control_characters(self, api_owner_a, session_a):
         response = upload(api_owner_a, session_a, "n.txt", b"x", path="z\n.txt")
 
-        assert "control character" in assert_error_shape(response, 400, "invalid_path")["message"]
+        assert "control or invisible" in assert_error_shape(response, 400, "invalid_path")["message"]
+
+    @pytest.mark.parametrize("name", ["invoice\u202etxt.html", "a\u200bb.txt", "a\x85b.txt", "a\u2028b.txt"])
+    def test_uploads_refuse_invisible_formatting_characters(self, api_owner_a, session_a, name):
+        assert_error_shape(upload(api_owner_a, session_a, "ok.txt", b"x", path=name), 400, "invalid_path")
+        # In the part's filename Django's multipart parser already drops them.
+        landed = upload(api_owner_a, session_a, name, b"x")
+        assert landed.status_code == 201 and landed.json()["path"].isprintable()
+
+    def test_a_name_of_the_full_255_bytes_uploads(self, api_owner_a, session_a, workspace):
+        name = "n" * 251 + ".txt"
+
+        assert upload(api_owner_a, session_a, name, b"x").status_code == 201
+        assert (workspace / name).read_bytes() == b"x"
 
     @pytest.mark.parametrize("path", ["x" * 300, "x/" * 3000 + "y"])
     def test_names_over_the_file_system_limits_are_400(self, api_owner_a, session_a, path):

@@ -21,7 +21,9 @@ def session_a(tenant_a, owner_a):
     return engine.create_session(tenant=tenant_a, owner=owner_a, title="chunked")
 
 
-async def post_chunked(path: str, key: str, chunks: list[bytes]) -> tuple[int, dict]:
+async def post_chunked(
+    path: str, key: str, chunks: list[bytes], content_type: bytes = b"application/json"
+) -> tuple[int, dict]:
     """POST through the ASGI app with `transfer-encoding: chunked` and no content-length."""
     scope = {
         "type": "http",
@@ -36,7 +38,7 @@ async def post_chunked(path: str, key: str, chunks: list[bytes]) -> tuple[int, d
         "headers": [
             (b"host", b"testserver"),
             (b"authorization", f"Bearer {key}".encode()),
-            (b"content-type", b"application/json"),
+            (b"content-type", content_type),
             (b"transfer-encoding", b"chunked"),
         ],
         "client": ("127.0.0.1", 50000),
@@ -81,3 +83,34 @@ async def test_a_chunked_body_over_the_limit_is_413_and_queues_nothing(session_a
     assert status == 413
     assert body["error"]["code"] == "payload_too_large"
     assert not await database_sync_to_async(Input.objects.filter(session_id=session_a.pk).exists)()
+
+
+async def test_a_chunked_upload_is_read_like_a_declared_one(session_a, api_owner_a):
+    body = (
+        b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="t.csv"\r\n'
+        b"Content-Type: text/csv\r\n\r\n" + b"a,b\n1,2\n" * 20_000 + b"\r\n--xyz--\r\n"
+    )
+    status, answer = await post_chunked(
+        f"/api/v1/sessions/{session_a.pk}/files/",
+        api_owner_a.api_key,
+        [body[i : i + 65536] for i in range(0, len(body), 65536)],
+        content_type=b"multipart/form-data; boundary=xyz",
+    )
+
+    assert status == 201, answer
+    assert answer == {"path": "t.csv", "size": 160_000, "op": "created"}
+
+
+async def test_a_multipart_body_of_too_many_parts_is_400(session_a, api_owner_a, settings):
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 10
+    parts = b"".join(
+        b'--xyz\r\nContent-Disposition: form-data; name="f%d"\r\n\r\nv\r\n' % i for i in range(50)
+    )
+    status, answer = await post_chunked(
+        f"/api/v1/sessions/{session_a.pk}/files/",
+        api_owner_a.api_key,
+        [parts + b"--xyz--\r\n"],
+        content_type=b"multipart/form-data; boundary=xyz",
+    )
+
+    assert status == 400 and answer["error"]["code"] == "too_many_fields", answer

@@ -85,7 +85,8 @@ def _write_text(path: Path, user_path: str, content: str) -> str:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         mode = stat.S_IMODE(path.stat().st_mode) if existed else None
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        # A short temporary name: a legal 255-byte file name plus a prefix would not fit.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".write-", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
