@@ -4,20 +4,25 @@
  * The tree is read from `GET files/` and read again (debounced) on every `file.changed`
  * event, so the API stays the one source of rows. File names are user and model text: they
  * are only ever set as text. Previews come from `GET previews/{path}`:
- * - HTML is shown in an `<iframe sandbox="allow-scripts">` (never allow-same-origin) pointed
- *   at the raw route, which also answers with a `sandbox` CSP: the document runs in an opaque
- *   origin and cannot read this page, its cookies or the API.
+ * - HTML is shown in an `<iframe sandbox="">` (no tokens: no scripts, forms, popups or
+ *   navigation) pointed at the preview's `url`, which the raw route serves under a `sandbox` CSP
+ *   without scripts. A sandboxed page with scripts still runs in an opaque origin (no cookies,
+ *   no API), but it can navigate itself away carrying its own text, so scripts run only when the
+ *   person presses "Run the page's scripts": then `sandbox="allow-scripts"` and `scripts_url`
+ *   (`?scripts=1`). Never allow-same-origin. A new preview of the file starts without scripts.
+ * - SVG comes back as kind `image` and is shown by `<img>`, which never runs its scripts.
  * - Markdown arrives already sanitized by the server; it is filtered again here through an
  *   allowlist before it reaches the page (defence in depth, no scripts, no event handlers).
  * - CSV cells, text lines and every name are text nodes.
  */
 (function () {
   "use strict";
-  const { api, el, csrfToken, formatBytes, ApiError } = window.xagent;
+  const { api, el, formatBytes, uploadFile, ApiError } = window.xagent;
 
   const RELOAD_DEBOUNCE_MS = 250;
   const CHANGED_HIGHLIGHT_MS = 4000;
   const DONE_UPLOAD_VISIBLE_MS = 5000;
+  const PREVIEW_READ_BYTES = 256 * 1024; // how much of a text or CSV file it reads
 
   /** "a b/c?.html" -> "a%20b/c%3F.html": each segment escaped, the slashes kept. */
   function encodePath(path) {
@@ -304,9 +309,12 @@
         }
       }, CHANGED_HIGHLIGHT_MS + 50);
       reloadSoon();
-      if (data.path === state.previewPath) {
-        if (data.op === "deleted") previewNotice("This file was deleted from the workspace.");
-        else refreshPreviewSoon();
+      const previewed = state.previewPath;
+      if (!previewed) return;
+      if (data.op === "deleted" && (data.path === previewed || previewed.startsWith(`${data.path}/`))) {
+        previewGone("This file was deleted from the workspace.");
+      } else if (data.path === previewed) {
+        refreshPreviewSoon();
       }
     }
 
@@ -370,62 +378,21 @@
       };
     }
 
-    function uploadErrorMessage(status, body) {
-      const error = body && body.error;
-      if (error && error.message) {
-        const detail = error.details && typeof error.details === "object"
-          ? Object.entries(error.details)
-              .filter(([, value]) => typeof value === "string" || typeof value === "number" || Array.isArray(value))
-              .map(([key, value]) => `${key}: ${[].concat(value).join(" ")}`)
-              .join("; ")
-          : "";
-        return detail ? `${error.message} (${detail})` : error.message;
-      }
-      if (status === 413) return "The file is too large for the workspace.";
-      if (status === 0) return "The server cannot be reached.";
-      if (status === 401 || status === 403) return "Your login has expired. Reload the page to log in again.";
-      return `The server answered ${status}.`;
-    }
-
     /** POST one file (multipart) with progress, into `folder` or the root; resolves to the
      * API's answer, or null on failure. */
-    function uploadOne(file, folder) {
+    async function uploadOne(file, folder) {
       const row = uploadRow(folder ? `${folder}/${file.name}` : file.name);
-      return new Promise((resolve) => {
-        const form = new FormData();
-        form.append("file", file, file.name);
-        if (folder) form.append("path", `${folder}/`);
-        const xhr = new XMLHttpRequest();
-        xhr.open("POST", `${apiBase}files/`);
-        xhr.withCredentials = true;
-        xhr.setRequestHeader("X-CSRFToken", csrfToken());
-        xhr.setRequestHeader("Accept", "application/json");
-        xhr.upload.addEventListener("progress", (event) => {
-          if (event.lengthComputable && event.total) row.progress(event.loaded / event.total);
-        });
-        xhr.addEventListener("load", () => {
-          let body = null;
-          try {
-            body = xhr.responseText ? JSON.parse(xhr.responseText) : null;
-          } catch (exc) {
-            body = null;
-          }
-          if (xhr.status >= 200 && xhr.status < 300) {
-            row.done(body);
-            if (body && body.path) state.changed.set(body.path, { op: body.op || "created", at: Date.now() });
-            resolve(body);
-          } else {
-            row.failed(uploadErrorMessage(xhr.status, body));
-            resolve(null);
-          }
-        });
-        xhr.addEventListener("error", () => {
-          row.failed(uploadErrorMessage(0, null));
-          resolve(null);
-        });
-        row.progress(0);
-        xhr.send(form);
+      const result = await uploadFile(`${apiBase}files/`, file, {
+        path: folder ? `${folder}/` : undefined,
+        onProgress: (fraction) => row.progress(fraction),
       });
+      if (!result.ok) {
+        row.failed(result.message);
+        return null;
+      }
+      row.done(result.body);
+      if (result.body && result.body.path) state.changed.set(result.body.path, { op: result.body.op || "created", at: Date.now() });
+      return result.body;
     }
 
     /** Files one after another (a full workspace then refuses the next one by name). */
@@ -526,21 +493,90 @@
       });
     }
 
+    let refreshTimer = null; // a quiet re-read of the preview after the file changed
+
+    /** The previewed file is gone: say so, and take away what no longer applies (its meta line,
+     * the Download link that would only fetch a 404). A later `file.changed` for the same path
+     * (written again) shows it again. */
+    function previewGone(text) {
+      state.previewToken += 1; // a preview read in flight must not draw over this
+      clearTimeout(refreshTimer);
+      ui.preview.dataset.kind = "";
+      ui.preview.dataset.state = "gone";
+      ui.previewMeta.textContent = "no longer in the workspace";
+      ui.previewDownload.hidden = true;
+      ui.previewDownload.removeAttribute("href");
+      previewNotice(text, true);
+    }
+
+    const plural = (count, noun) => `${count} ${noun}${count === 1 ? "" : "s"}`;
+    const countOf = (value, fallback) => (Number.isFinite(value) ? value : fallback);
+
+    /** "at least 1234 rows … (first 256 KB read)": how far a count is known. */
+    function countSummary(exact, data) {
+      return exact ? "" : ` (first ${formatBytes(countOf(data.read_bytes, PREVIEW_READ_BYTES))} read)`;
+    }
+
+    /**
+     * An HTML page, without its scripts until the person asks for them (see the header). The
+     * frame is replaced, not re-flagged: a sandbox attribute only applies to the next navigation.
+     */
+    function htmlPreview(data, path, stamp) {
+      const plainUrl = data.url || fileUrl(path);
+      const scriptsUrl = data.scripts_url || withParam(plainUrl, "scripts", "1");
+      const frame = (scripts) =>
+        el("iframe", {
+          className: "preview-frame",
+          dataset: { testid: "preview-frame", scripts: scripts ? "on" : "off" },
+          attrs: {
+            sandbox: scripts ? "allow-scripts" : "",
+            src: withParam(scripts ? scriptsUrl : plainUrl, "v", stamp),
+            title: `Preview of ${path}${scripts ? " (scripts running)" : ""}`,
+            referrerpolicy: "no-referrer",
+          },
+        });
+      let current = frame(false);
+      const status = el("p", { className: "preview-scripts-status muted", dataset: { testid: "preview-scripts-status" } });
+      const toggle = el("button", {
+        className: "secondary small",
+        dataset: { testid: "preview-run-scripts" },
+        attrs: { type: "button" },
+      });
+      const warning = el("p", {
+        className: "preview-warning",
+        dataset: { testid: "preview-scripts-warning" },
+        text: "Scripts run in an isolated sandbox without your cookies, but a page can still navigate away and send its own content. Run scripts only for pages you trust.",
+      });
+      const bar = el("div", { className: "preview-scripts", dataset: { state: "off" } }, el("div", { className: "preview-scripts-row" }, status, toggle), warning);
+      function label(scripts) {
+        bar.dataset.state = scripts ? "on" : "off";
+        status.textContent = scripts
+          ? "The page's scripts are running, in a sandbox: no cookies, no access to this page or the API."
+          : "Shown with its scripts off: anything the page draws with scripts (charts, tabs) is missing.";
+        toggle.textContent = scripts ? "Turn the scripts off" : "Run the page's scripts";
+      }
+      toggle.addEventListener("click", () => {
+        const scripts = bar.dataset.state !== "on";
+        label(scripts);
+        const next = frame(scripts);
+        current.replaceWith(next);
+        current = next;
+      });
+      label(false);
+      return [bar, current];
+    }
+
     const RENDERERS = {
-      html(data, path, stamp) {
-        const src = withParam(data.url || fileUrl(path), "v", stamp);
-        return [
-          el("iframe", {
-            className: "preview-frame",
-            dataset: { testid: "preview-frame" },
-            // allow-scripts only: without allow-same-origin the report runs in an opaque origin.
-            attrs: { sandbox: "allow-scripts", src, title: `Preview of ${path}`, referrerpolicy: "no-referrer" },
-          }),
-          el("p", { className: "preview-note muted", text: "Shown in a sandbox: its scripts run, but cannot reach this page, your login or the API." }),
-        ];
-      },
+      html: htmlPreview,
       image(data, path, stamp) {
-        return [el("img", { className: "preview-image", dataset: { testid: "preview-image" }, attrs: { src: withParam(data.url || fileUrl(path), "v", stamp), alt: path } })];
+        // SVG included: an <img> never runs an SVG's scripts or loads what it links to.
+        return [
+          el("img", {
+            className: "preview-image",
+            dataset: { testid: "preview-image" },
+            attrs: { src: withParam(data.url || fileUrl(path), "v", stamp), alt: `Preview of ${path}` },
+          }),
+        ];
       },
       pdf(data, path) {
         return [
@@ -551,12 +587,14 @@
       csv(data) {
         const header = Array.isArray(data.header) ? data.header : [];
         const rows = Array.isArray(data.rows) ? data.rows : [];
-        const rowCount = data.row_count !== undefined ? data.row_count : rows.length;
-        const columnCount = data.column_count !== undefined ? data.column_count : header.length;
-        const summary = `${rowCount} row${rowCount === 1 ? "" : "s"} × ${columnCount} column${columnCount === 1 ? "" : "s"}`;
-        const shown = data.truncated || rows.length < rowCount ? ` — showing the first ${rows.length}` : "";
+        const rowCount = countOf(data.row_count, rows.length);
+        const columnCount = countOf(data.column_count, header.length);
+        // An older server sends no `row_count_exact`: its count was over the whole file read.
+        const exact = data.row_count_exact !== false;
+        let summary = `${exact ? "" : "at least "}${plural(rowCount, "row")} × ${plural(columnCount, "column")}${countSummary(exact, data)}`;
+        if (!exact || rows.length < rowCount) summary += ` — showing the first ${rows.length}`;
         return [
-          el("p", { className: "csv-summary muted", dataset: { testid: "csv-summary" }, text: summary + shown }),
+          el("p", { className: "csv-summary muted", dataset: { testid: "csv-summary", exact: String(exact) }, text: summary }),
           el(
             "div",
             { className: "table-scroll" },
@@ -570,22 +608,28 @@
         ];
       },
       markdown(data) {
-        return [el("div", { className: "markdown-body", dataset: { testid: "preview-markdown" } }, sanitizedFragment(data.html))];
+        const parts = [el("div", { className: "markdown-body", dataset: { testid: "preview-markdown" } }, sanitizedFragment(data.html))];
+        if (data.truncated) parts.push(el("p", { className: "preview-note muted", text: "Only the beginning of the file is shown. Download it for the rest." }));
+        return parts;
       },
       text(data) {
         const text = typeof data.text === "string" ? data.text : "";
         const lines = text.replace(/\n$/, "").split("\n");
-        const parts = [
+        const lineCount = countOf(data.line_count, lines.length);
+        // `line_count_exact` (newer servers), else `truncated` says the same thing.
+        const exact = data.line_count_exact !== undefined ? data.line_count_exact !== false : !data.truncated;
+        let summary = `${exact ? "" : "at least "}${plural(lineCount, "line")}${countSummary(exact, data)}`;
+        if (!exact) summary += ` — showing the first ${lines.length}; download the file for the rest`;
+        const parts = [];
+        if (data.message) parts.push(el("p", { className: "preview-note muted", dataset: { testid: "preview-message" }, text: data.message }));
+        parts.push(
+          el("p", { className: "csv-summary muted", dataset: { testid: "text-summary", exact: String(exact) }, text: summary }),
           el(
             "pre",
             { className: "code-view", dataset: { testid: "preview-text" } },
             ...lines.map((line) => el("span", { className: "code-line", text: line }))
-          ),
-        ];
-        if (data.truncated) {
-          const total = data.line_count !== undefined ? ` of ${data.line_count}` : "";
-          parts.push(el("p", { className: "preview-note muted", text: `Showing the first ${lines.length} lines${total}. Download the file for the rest.` }));
-        }
+          )
+        );
         return parts;
       },
       binary(data, path) {
@@ -601,12 +645,14 @@
       ui.previewName.title = path;
       ui.previewDownload.href = fileUrl(path, { download: true });
       ui.previewDownload.setAttribute("download", baseName(path));
+      ui.previewDownload.hidden = false;
       ui.preview.dataset.path = path;
-      if (!quiet) {
+      if (!quiet || ui.preview.dataset.state === "gone") {
         ui.preview.dataset.kind = "";
         ui.previewMeta.textContent = "";
         previewNotice("Loading the preview…");
       }
+      delete ui.preview.dataset.state;
       for (const row of ui.tree.querySelectorAll(".file-row")) {
         const current = row.dataset.path === path;
         row.classList.toggle("selected", current);
@@ -628,12 +674,11 @@
         ui.previewBody.replaceChildren(...RENDERERS[kind](data, path, String(Date.now())));
       } catch (exc) {
         if (token !== state.previewToken) return;
-        if (exc instanceof ApiError && exc.status === 404) previewNotice("This file is not in the workspace (any more).", true);
+        if (exc instanceof ApiError && exc.status === 404) previewGone("This file is not in the workspace (any more).");
         else previewNotice(`Could not preview ${path}: ${exc instanceof ApiError ? exc.describe() : exc}`, true);
       }
     }
 
-    let refreshTimer = null;
     function refreshPreviewSoon() {
       clearTimeout(refreshTimer);
       refreshTimer = setTimeout(() => {

@@ -1,10 +1,13 @@
 /* The workspace home: the current tenant's Sessions (GET /api/v1/sessions/, kept live by the
  * `/ws/sessions/` status stream) and the new-session form (POST /api/v1/sessions/, then open it).
- * A goal typed in the form is the Session's first task: it is queued as the first input
- * (POST inputs/) before the Session opens, so the agent starts on it right away. */
+ * Files chosen in the form are uploaded into the new Session's workspace (POST files/, one by
+ * one), then a goal typed in the form is queued as the first input (POST inputs/) with those
+ * files as its `attachments`, before the Session opens, so the agent starts on it right away.
+ * If an upload fails the form stays, says which file and why, and a second press retries only
+ * what is missing, into the same Session (it is not created twice). */
 (function () {
   "use strict";
-  const { api, el, statusBadge, timeElement, newIdempotencyKey, ApiError } = window.xagent;
+  const { api, el, statusBadge, timeElement, newIdempotencyKey, uploadFile, formatBytes, ApiError } = window.xagent;
 
   const root = document.getElementById("workspace-home");
   if (!root) return;
@@ -17,12 +20,17 @@
   const titleInput = document.getElementById("new-session-title");
   const goalInput = document.getElementById("new-session-goal");
   const formError = document.getElementById("new-session-error");
+  const filesInput = document.getElementById("new-session-files");
+  const uploadList = document.getElementById("new-session-uploads");
 
   const REFRESH_MS = 60000;
   const FIRST_INPUT_NOTE_KEY = "xagent.firstInputFailed"; // read by session.js
   let nextUrl = null;
   let pagesLoaded = 0;
   let loading = false;
+  // The Session this form already created whose uploads did not all succeed: {id, title, uploaded}
+  // (uploaded: file key -> workspace path). A retry finishes it instead of creating another.
+  let unfinished = null;
 
   function sessionRow(session) {
     const href = `/sessions/${encodeURIComponent(session.id)}/`;
@@ -87,28 +95,127 @@
     }
   }
 
+  function showFormError(...children) {
+    formError.replaceChildren(...children);
+    formError.hidden = !children.length;
+  }
+
+  const fileKey = (file) => `${file.name}\u0000${file.size}\u0000${file.lastModified}`;
+  const sessionUrl = (id) => `/sessions/${encodeURIComponent(id)}/`;
+
+  /** One row of the upload list: name, progress, then "uploaded" or the reason it failed. */
+  function uploadRow(file) {
+    const progress = el("progress", { attrs: { max: "1", value: "0", "aria-label": `Upload progress of ${file.name}` } });
+    const status = el("span", { className: "upload-status", text: "waiting…" });
+    const row = el(
+      "li",
+      { className: "upload", dataset: { testid: "upload", state: "waiting", name: file.name } },
+      el("span", { className: "upload-name", text: file.name }),
+      progress,
+      status
+    );
+    uploadList.append(row);
+    return {
+      progress(fraction) {
+        row.dataset.state = "uploading";
+        progress.value = fraction;
+        status.textContent = `${Math.round(fraction * 100)}%`;
+      },
+      done(path) {
+        row.dataset.state = "done";
+        progress.value = 1;
+        status.textContent = path && path !== file.name ? `uploaded as ${path}` : `uploaded (${formatBytes(file.size)})`;
+      },
+      failed(message) {
+        row.dataset.state = "error";
+        progress.hidden = true;
+        status.textContent = message;
+      },
+    };
+  }
+
+  /** Uploads the chosen files not uploaded yet; returns [{file, message}] of those that failed. */
+  async function uploadChosen(sessionId, chosen) {
+    const failures = [];
+    uploadList.replaceChildren();
+    for (const file of chosen) {
+      const row = uploadRow(file);
+      const known = unfinished.uploaded.get(fileKey(file));
+      if (known) {
+        row.done(known);
+        continue;
+      }
+      const result = await uploadFile(`${endpoint}${encodeURIComponent(sessionId)}/files/`, file, {
+        onProgress: (fraction) => row.progress(fraction),
+      });
+      if (result.ok) {
+        const path = (result.body && result.body.path) || file.name;
+        unfinished.uploaded.set(fileKey(file), path);
+        row.done(path);
+      } else {
+        row.failed(result.message);
+        failures.push({ file, message: result.message });
+      }
+    }
+    return failures;
+  }
+
+  function uploadsFailed(failures, total) {
+    const submit = form.querySelector("button[type=submit]");
+    submit.textContent = "Retry the upload";
+    titleInput.readOnly = true; // the Session exists: a retry goes into it
+    showFormError(
+      el("p", {
+        text:
+          `The Session “${unfinished.title}” was created, but ${failures.length} of ${total} file${total === 1 ? "" : "s"} ` +
+          "could not be uploaded, so the first task was not sent yet:",
+      }),
+      el("ul", {}, ...failures.map(({ file, message }) => el("li", {}, el("strong", { text: file.name }), ` — ${message}`))),
+      el(
+        "p",
+        {},
+        "Press “Retry the upload” (you may choose other files first), or ",
+        el("a", { attrs: { href: sessionUrl(unfinished.id) }, dataset: { testid: "open-unfinished-session" }, text: "open the Session without them" }),
+        "."
+      )
+    );
+  }
+
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
-    formError.hidden = true;
+    showFormError();
     const title = titleInput.value.trim();
     if (!title) {
-      formError.textContent = "Give the Session a title.";
-      formError.hidden = false;
+      showFormError(document.createTextNode("Give the Session a title."));
       titleInput.focus();
       return;
     }
     const submit = form.querySelector("button[type=submit]");
     submit.disabled = true;
+    const goal = goalInput.value.trim();
+    const chosen = filesInput ? [...filesInput.files] : [];
     try {
-      const body = { title };
-      const goal = goalInput.value.trim();
-      if (goal) body.goal = goal;
-      const created = await api(endpoint, { method: "POST", body });
+      if (!unfinished) {
+        const body = { title };
+        if (goal) body.goal = goal;
+        const created = await api(endpoint, { method: "POST", body });
+        unfinished = { id: String(created.id), title, uploaded: new Map() };
+      }
+      const sessionId = unfinished.id;
+      if (chosen.length) {
+        const failures = await uploadChosen(sessionId, chosen);
+        if (failures.length) {
+          uploadsFailed(failures, chosen.length);
+          submit.disabled = false;
+          return;
+        }
+      }
+      const attachments = [...new Set(chosen.map((file) => unfinished.uploaded.get(fileKey(file))).filter(Boolean))];
       if (goal) {
         try {
-          await api(`${endpoint}${encodeURIComponent(created.id)}/inputs/`, {
+          await api(`${endpoint}${encodeURIComponent(sessionId)}/inputs/`, {
             method: "POST",
-            body: { text: goal },
+            body: attachments.length ? { text: goal, attachments } : { text: goal },
             headers: { "Idempotency-Key": newIdempotencyKey() },
           });
         } catch (exc) {
@@ -116,17 +223,17 @@
           try {
             window.sessionStorage.setItem(
               FIRST_INPUT_NOTE_KEY,
-              JSON.stringify({ session: String(created.id), text: goal, error: exc instanceof ApiError ? exc.describe() : String(exc) })
+              JSON.stringify({ session: sessionId, text: goal, error: exc instanceof ApiError ? exc.describe() : String(exc) })
             );
           } catch (_) {
             // Private mode without storage: the page opens without the reminder.
           }
         }
       }
-      window.location.assign(`/sessions/${encodeURIComponent(created.id)}/`);
+      unfinished = null;
+      window.location.assign(sessionUrl(sessionId));
     } catch (exc) {
-      formError.textContent = exc instanceof ApiError ? exc.describe() : String(exc);
-      formError.hidden = false;
+      showFormError(document.createTextNode(exc instanceof ApiError ? exc.describe() : String(exc)));
       submit.disabled = false;
     }
   });

@@ -33,6 +33,7 @@
   const FIRST_INPUT_NOTE_KEY = "xagent.firstInputFailed"; // set by home.js when the goal could not be queued
   const MAX_LOG_ENTRIES = 500;
   const RESULT_PREVIEW_CHARS = 20000;
+  const ANSWER_EXCERPT_CHARS = 200; // of the final answer, in the delivery card
   const APPROVALS_API = "/api/v1/approvals/";
   const APPROVAL_TIMES_REFRESH_MS = 30000;
 
@@ -499,6 +500,34 @@
     });
   }
 
+  /**
+   * The answer this delivery follows is the agent's message just above the card: here only its
+   * opening (the whole text when unfolded), so the card does not repeat it.
+   */
+  function answerExcerpt(answer) {
+    const plain = answer.replace(/\*\*([^*\n]+)\*\*/g, "$1").replace(/`([^`\n]+)`/g, "$1").replace(/\s+/g, " ").trim();
+    const short = excerpt(plain, ANSWER_EXCERPT_CHARS);
+    if (short === plain) {
+      return el(
+        "p",
+        { className: "delivery-answer", dataset: { testid: "delivery-answer" } },
+        el("span", { className: "delivery-answer-label", text: "Answer" }),
+        el("span", { className: "delivery-answer-excerpt", dataset: { testid: "delivery-answer-excerpt" }, text: plain })
+      );
+    }
+    return el(
+      "details",
+      { className: "delivery-answer", dataset: { testid: "delivery-answer" } },
+      el(
+        "summary",
+        { attrs: { title: "Show the whole answer" } },
+        el("span", { className: "delivery-answer-label", text: "Answer" }),
+        el("span", { className: "delivery-answer-excerpt", dataset: { testid: "delivery-answer-excerpt" }, text: short })
+      ),
+      el("div", { className: "delivery-answer-full", dataset: { testid: "delivery-answer-full" } }, richText(answer))
+    );
+  }
+
   function deliveryCard(delivery) {
     const key = String(delivery.id);
     const checks = Array.isArray(delivery.checks) ? delivery.checks : [];
@@ -536,9 +565,7 @@
         text: "What the product found when it opened the files this turn produced. These are automatic checks, not the agent's words.",
       }),
     ];
-    if (delivery.final_answer) {
-      parts.push(el("blockquote", { className: "delivery-answer", dataset: { testid: "delivery-answer" } }, richText(excerpt(delivery.final_answer, 200))));
-    }
+    if (delivery.final_answer) parts.push(answerExcerpt(String(delivery.final_answer)));
     if (deliveredFiles.length) {
       parts.push(
         el("h4", { text: "Files" }),

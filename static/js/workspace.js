@@ -1,6 +1,6 @@
-/* Shared helpers of the browser workspace: the REST client (browser session + CSRF),
- * a DOM builder that only ever sets text (model and user text is never parsed as HTML),
- * and status/time formatting. Exposed as `window.xagent` for home.js and session.js. */
+/* Shared helpers of the browser workspace: the REST client (browser session + CSRF), file
+ * uploads to a Session's workspace, a DOM builder that only ever sets text (model and user
+ * text is never parsed as HTML), and status/time formatting. Exposed as `window.xagent` for home.js and session.js. */
 (function () {
   "use strict";
 
@@ -186,6 +186,63 @@
     return `${value < 10 ? value.toFixed(1) : Math.round(value)} ${units[unit]}`;
   }
 
+  /** A sentence for a failed upload: the API's own error (with its field details) when it sent
+   * one, else what the HTTP status means. */
+  function uploadErrorMessage(status, body) {
+    const error = body && body.error;
+    if (error && error.message) {
+      const detail = error.details && typeof error.details === "object"
+        ? Object.entries(error.details)
+            .filter(([, value]) => typeof value === "string" || typeof value === "number" || Array.isArray(value))
+            .map(([key, value]) => `${key}: ${[].concat(value).join(" ")}`)
+            .join("; ")
+        : "";
+      return detail ? `${error.message} (${detail})` : error.message;
+    }
+    if (status === 413) return "The file is too large for the workspace.";
+    if (status === 0) return "The server cannot be reached.";
+    if (status === 401 || status === 403) return "Your login has expired. Reload the page to log in again.";
+    return `The server answered ${status}.`;
+  }
+
+  /**
+   * uploadFile(url, file, {path, onProgress}) -> Promise<{ok, status, body, message}>: one
+   * multipart POST (`file`, optional `path`) to a Session's `files/` route, with the CSRF header
+   * and upload progress (XHR: fetch reports no upload progress). Never rejects: a failure
+   * resolves with ok=false and a sentence for the user in `message`.
+   */
+  function uploadFile(url, file, { path, onProgress } = {}) {
+    return new Promise((resolve) => {
+      const form = new FormData();
+      form.append("file", file, file.name);
+      if (path) form.append("path", path);
+      const xhr = new XMLHttpRequest();
+      xhr.open("POST", localPath(url));
+      xhr.withCredentials = true;
+      xhr.setRequestHeader("X-CSRFToken", csrfToken());
+      xhr.setRequestHeader("Accept", "application/json");
+      if (onProgress) {
+        xhr.upload.addEventListener("progress", (event) => {
+          if (event.lengthComputable && event.total) onProgress(event.loaded / event.total);
+        });
+      }
+      xhr.addEventListener("load", () => {
+        let body = null;
+        try {
+          body = xhr.responseText ? JSON.parse(xhr.responseText) : null;
+        } catch (exc) {
+          body = null;
+        }
+        const ok = xhr.status >= 200 && xhr.status < 300;
+        resolve({ ok, status: xhr.status, body, message: ok ? "" : uploadErrorMessage(xhr.status, body) });
+      });
+      xhr.addEventListener("error", () => resolve({ ok: false, status: 0, body: null, message: uploadErrorMessage(0, null) }));
+      xhr.addEventListener("abort", () => resolve({ ok: false, status: 0, body: null, message: "The upload was cancelled." }));
+      if (onProgress) onProgress(0);
+      xhr.send(form);
+    });
+  }
+
   function newIdempotencyKey() {
     if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
     return `k-${Date.now()}-${Math.random().toString(16).slice(2)}`;
@@ -206,5 +263,7 @@
     clockTime,
     timeElement,
     newIdempotencyKey,
+    uploadFile,
+    uploadErrorMessage,
   };
 })();

@@ -4,11 +4,15 @@
 - Uploads by drag-and-drop (a `drop` event carrying a DataTransfer built in the page), the tree
   following `file.changed` live while the demo model writes report.html and kpis.csv, the
   delivery card with the product's own checks, and downloads.
-- Every preview kind (HTML in a sandboxed iframe, CSV table, Markdown, image, text), and that
-  the HTML sandbox cannot read the app's cookies or its page.
+- Every preview kind (HTML in a sandboxed iframe, CSV table, Markdown, image and SVG, text),
+  the counts of a file read only in part, and a preview whose file is deleted under it.
+- HTML previews run no script until the person asks; with scripts on, the sandbox still cannot
+  read the app's cookies or its page.
+- A Session created on the home page with a file attached: the upload, then the first task.
 - Hostile names stay text; deletion asks first.
 - Tool cards of a repeated call id stay with their own turn; a failed model call is told in
-  the timeline; a goal typed in "New session" is the first input; nothing overflows at 390 px.
+  the timeline; a goal typed in "New session" is the first input; nothing overflows at 390 px,
+  and the page ends where its content ends (at 1366 and 390 px).
 """
 
 import base64
@@ -147,6 +151,24 @@ def drop_files(page, *files, on="[data-testid=files-panel] .file-tree"):
     page.evaluate(DROP_FILES, [on, payload])
 
 
+# How far the document scrolls past the end of <main> (or of the window): an absolutely
+# positioned element that escaped its scroll box shows up here as blank page below the grid.
+PAGE_OVERHANG = """() => {
+  const root = document.documentElement;
+  const end = Math.max(root.clientHeight, document.querySelector("main").getBoundingClientRect().bottom + window.scrollY);
+  return root.scrollHeight - Math.ceil(end);
+}"""
+
+
+def assert_no_blank_page_below(page, label):
+    overhang = page.evaluate(PAGE_OVERHANG)
+    assert overhang <= 4, (label, overhang)
+
+
+def csrf_of(page):
+    return next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+
+
 def file_row(page, path):
     return page.locator(f"[data-testid=file-row][data-path={json.dumps(path)}]")
 
@@ -176,7 +198,7 @@ def test_the_report_run_fills_the_tree_live_with_a_checked_delivery(open_page, t
     """S1/S11 in the browser: tickets.csv dropped on the panel, the demo model writes the report,
     the tree follows live, the delivery card lists both files with passing checks, both preview,
     and kpis.csv downloads with the bytes the workspace holds."""
-    page = open_page()
+    page = open_page(viewport={"width": 1366, "height": 768})
     session_id = new_session(page, "Files: weekly report")
     expect(page.get_by_test_id("files-empty")).to_be_visible()
 
@@ -197,7 +219,21 @@ def test_the_report_run_fills_the_tree_live_with_a_checked_delivery(open_page, t
     card = page.get_by_test_id("delivery-card")
     expect(card).to_have_count(1, timeout=LIVE_TIMEOUT_MS)
     expect(card).to_contain_text("machine-checked")
-    expect(card.get_by_test_id("delivery-answer")).to_contain_text("report.html")
+    # The answer is the message just above: the card shows its opening, the rest on request.
+    answer = card.get_by_test_id("delivery-answer")
+    expect(answer).to_contain_text("report.html")
+    full_answer = (
+        page.locator("[data-testid=message][data-role=assistant]").last.locator(".message-body").inner_text()
+    )
+    excerpt = answer.get_by_test_id("delivery-answer-excerpt")
+    expect(excerpt).to_be_visible()
+    assert len(excerpt.inner_text()) <= 200 < len(full_answer), (excerpt.inner_text(), full_answer)
+    expect(answer.get_by_test_id("delivery-answer-full")).to_be_hidden()
+    answer.locator("summary").click()
+    expect(answer.get_by_test_id("delivery-answer-full")).to_be_visible()
+    expect(answer.get_by_test_id("delivery-answer-full")).to_have_text(full_answer)
+    expect(excerpt).to_be_hidden()
+    answer.locator("summary").click()
     files = card.get_by_test_id("delivery-files")
     expect(files).to_contain_text("report.html")
     expect(files).to_contain_text("kpis.csv")
@@ -213,6 +249,12 @@ def test_the_report_run_fills_the_tree_live_with_a_checked_delivery(open_page, t
         "data-status", "idle", timeout=LIVE_TIMEOUT_MS
     )
     card.screenshot(path=str(tmp_path / "delivery-card.png"))
+    # A delivery card and a plan are on the page: it still ends where its content ends.
+    expect(page.get_by_test_id("plan-task").first).to_be_attached()
+    assert_no_blank_page_below(page, "1366 px")
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert_no_blank_page_below(page, "390 px")
+    page.set_viewport_size({"width": 1366, "height": 768})
     # The card follows the answer it checks.
     assert card.evaluate("(node) => node.previousElementSibling.dataset.role") == "assistant"
 
@@ -221,7 +263,7 @@ def test_the_report_run_fills_the_tree_live_with_a_checked_delivery(open_page, t
     frame = page.frame_locator("[data-testid=preview-frame]")
     expect(frame.locator("h1")).to_have_text("Support weekly report")
     expect(frame.locator("#kpis")).to_contain_text("Tickets")
-    assert page.get_by_test_id("preview-frame").get_attribute("sandbox") == "allow-scripts"
+    assert page.get_by_test_id("preview-frame").get_attribute("sandbox") == ""
 
     # From the delivery card straight to the file.
     card.get_by_role("button", name="kpis.csv").click()
@@ -262,6 +304,10 @@ def test_every_preview_kind_renders(open_page):
     text = "alpha line\nbeta line\ngamma <b>line</b>\n"
     csv_text = "name,score,city\nAda,3,<b>Paris</b>\nBob,5,Lyon\n"
     html = "<!doctype html><title>t</title><h1 id=greeting>Hello from a sandbox</h1>"
+    svg = (
+        '<svg xmlns="http://www.w3.org/2000/svg" width="40" height="20"><rect width="40" height="20" fill="teal"/>'
+        "<script>parent.__svg_script = 1</script></svg>"
+    )
     drop_files(
         page,
         ("guide.md", markdown, "text/markdown"),
@@ -269,8 +315,9 @@ def test_every_preview_kind_renders(open_page):
         ("scores.csv", csv_text, "text/csv"),
         ("pixel.png", tiny_png(), "image/png"),
         ("page.html", html, "text/html"),
+        ("shape.svg", svg, "image/svg+xml"),
     )
-    for name in ("guide.md", "notes.txt", "scores.csv", "pixel.png", "page.html"):
+    for name in ("guide.md", "notes.txt", "scores.csv", "pixel.png", "page.html", "shape.svg"):
         expect(file_row(page, name)).to_be_visible()
 
     preview = open_preview(page, "guide.md")
@@ -286,6 +333,7 @@ def test_every_preview_kind_renders(open_page):
     expect(preview).to_have_attribute("data-kind", "text")
     lines = page.get_by_test_id("preview-text").locator(".code-line")
     expect(lines).to_have_text(["alpha line", "beta line", "gamma <b>line</b>"])
+    expect(page.get_by_test_id("text-summary")).to_have_text("3 lines")
     expect(page.get_by_test_id("preview-text").locator("b")).to_have_count(0)
     # Line numbers come from CSS counters: shown, never part of the copied text.
     numbers = lines.evaluate_all("(rows) => rows.map((r) => getComputedStyle(r, '::before').content)")
@@ -293,7 +341,7 @@ def test_every_preview_kind_renders(open_page):
 
     open_preview(page, "scores.csv")
     expect(preview).to_have_attribute("data-kind", "csv")
-    expect(page.get_by_test_id("csv-summary")).to_have_text(re.compile(r"^2 rows × 3 columns"))
+    expect(page.get_by_test_id("csv-summary")).to_have_text("2 rows × 3 columns")
     table = page.get_by_test_id("csv-table")
     expect(table.locator("th")).to_have_text(["name", "score", "city"])
     expect(table.locator("tbody tr")).to_have_count(2)
@@ -309,14 +357,89 @@ def test_every_preview_kind_renders(open_page):
     )
     assert image.evaluate("(i) => [i.naturalWidth, i.naturalHeight]") == [3, 2]
 
+    # SVG is an image: drawn by <img>, which never runs the script inside it.
+    open_preview(page, "shape.svg")
+    expect(preview).to_have_attribute("data-kind", "image")
+    page.wait_for_function(
+        "() => { const i = document.querySelector('[data-testid=preview-image]');"
+        " return i && i.complete && i.naturalWidth > 0 && i.src.includes('shape.svg'); }"
+    )
+    assert image.evaluate("(i) => [i.naturalWidth, i.naturalHeight]") == [40, 20]
+    assert page.evaluate("window.__svg_script") is None
+
     open_preview(page, "page.html")
     expect(preview).to_have_attribute("data-kind", "html")
     expect(page.frame_locator("[data-testid=preview-frame]").locator("#greeting")).to_have_text(
         "Hello from a sandbox"
     )
+    assert page.get_by_test_id("preview-frame").get_attribute("sandbox") == ""
 
     page.get_by_test_id("preview-close").click()
     expect(preview).to_be_hidden()
+
+
+def test_counts_of_a_file_read_in_part_say_at_least(open_page):
+    """The preview reads the first 256 KB: counts over that part are lower bounds, and say so."""
+    page = open_page()
+    new_session(page, "Files: big files")
+    big_csv = "id,label\n" + "".join(f"{i},row number {i}\n" for i in range(20_000))
+    big_text = "".join(f"line {i} of a long log\n" for i in range(20_000))
+    assert len(big_csv) > 256 * 1024 and len(big_text) > 256 * 1024
+    drop_files(page, ("big.csv", big_csv, "text/csv"), ("big.log", big_text, "text/plain"))
+    expect(file_row(page, "big.log")).to_be_visible()
+
+    open_preview(page, "big.csv")
+    summary = page.get_by_test_id("csv-summary")
+    expect(summary).to_have_text(
+        re.compile(r"^at least \d+ rows × 2 columns \(first 256 KB read\) — showing the first 100$")
+    )
+    counted = int(re.search(r"\d+", summary.inner_text()).group())
+    assert 10_000 < counted < 20_000, counted
+    expect(page.get_by_test_id("csv-table").locator("tbody tr")).to_have_count(100)
+
+    open_preview(page, "big.log")
+    expect(page.get_by_test_id("text-summary")).to_have_text(
+        re.compile(
+            r"^at least \d+ lines \(first 256 KB read\) — showing the first \d+; download the file for the rest$"
+        )
+    )
+
+    # Small enough to read whole: exact counts, and "showing the first 100" only when more exist.
+    drop_files(page, ("rows.csv", "n\n" + "".join(f"{i}\n" for i in range(150)), "text/csv"))
+    expect(file_row(page, "rows.csv")).to_be_visible()
+    open_preview(page, "rows.csv")
+    expect(page.get_by_test_id("csv-summary")).to_have_text("150 rows × 1 column — showing the first 100")
+
+
+def test_a_preview_whose_file_is_deleted_says_so_and_offers_no_download(open_page):
+    page = open_page()
+    session_id = new_session(page, "Files: deleted under the preview")
+    drop_files(page, ("notes.md", "# Notes\n\nsome text\n", "text/markdown"))
+    expect(file_row(page, "notes.md")).to_be_visible()
+    preview = open_preview(page, "notes.md")
+    meta = page.get_by_test_id("preview-meta")
+    download = page.get_by_test_id("preview-download")
+    expect(meta).to_contain_text("markdown")
+    expect(download).to_be_visible()
+
+    # Deleted elsewhere (another tab, the agent): the open preview learns it from `file.changed`.
+    gone = page.request.delete(
+        f"/api/v1/sessions/{session_id}/files/notes.md", headers={"X-CSRFToken": csrf_of(page)}
+    )
+    assert gone.status == 204, gone.text()
+    expect(page.get_by_test_id("preview-body")).to_have_text("This file was deleted from the workspace.")
+    expect(preview).to_have_attribute("data-state", "gone")
+    expect(meta).not_to_contain_text("markdown")
+    expect(meta).not_to_contain_text(" B")
+    expect(download).to_be_hidden()
+    assert download.get_attribute("href") is None
+    expect(file_row(page, "notes.md")).to_have_count(0)
+
+    # Written again at the same path: the preview comes back, Download with it.
+    drop_files(page, ("notes.md", "# Back\n", "text/markdown"))
+    expect(page.get_by_test_id("preview-markdown").locator("h1")).to_have_text("Back")
+    expect(download).to_be_visible()
+    expect(meta).to_contain_text("markdown")
 
 
 # Runs inside the previewed file: what can it read of the app?
@@ -329,7 +452,7 @@ document.getElementById("out").textContent = result;
 </script></body></html>"""
 
 
-def test_the_html_preview_cannot_read_the_apps_cookies(open_page):
+def test_the_html_preview_runs_no_script_until_asked_and_then_cannot_read_the_apps_cookies(open_page):
     page = open_page()
     session_id = new_session(page, "Files: cookie spy")
     cookies = {c["name"]: c["value"] for c in page.context.cookies()}
@@ -338,8 +461,25 @@ def test_the_html_preview_cannot_read_the_apps_cookies(open_page):
     drop_files(page, ("spy.html", COOKIE_SPY, "text/html"))
     expect(file_row(page, "spy.html")).to_be_visible()
 
+    # By default the page is shown, but its script does not run.
     open_preview(page, "spy.html")
+    frame = page.get_by_test_id("preview-frame")
+    assert frame.get_attribute("sandbox") == ""
+    assert "scripts=1" not in frame.get_attribute("src")
     out = page.frame_locator("[data-testid=preview-frame]").locator("#out")
+    expect(out).to_have_text("pending")
+    page.wait_for_timeout(1000)
+    expect(out).to_have_text("pending")
+    expect(page.get_by_test_id("preview-scripts-warning")).to_have_text(
+        "Scripts run in an isolated sandbox without your cookies, but a page can still navigate away "
+        "and send its own content. Run scripts only for pages you trust."
+    )
+
+    # Asked for, the scripts run: still in an opaque origin that cannot read the app.
+    run = page.get_by_role("button", name="Run the page's scripts")
+    run.click()
+    expect(frame).to_have_attribute("sandbox", "allow-scripts")
+    assert "scripts=1" in frame.get_attribute("src")
     expect(out).not_to_have_text("pending")
     reported = out.inner_text()
     assert "own-blocked:SecurityError" in reported or 'own=""' in reported, reported
@@ -348,10 +488,18 @@ def test_the_html_preview_cannot_read_the_apps_cookies(open_page):
     for secret in (cookies["sessionid"], cookies["csrftoken"]):
         assert secret not in reported
 
-    # Opened on its own, the raw route carries its own sandbox.
+    # And off again.
+    page.get_by_role("button", name="Turn the scripts off").click()
+    expect(frame).to_have_attribute("sandbox", "")
+    expect(out).to_have_text("pending")
+
+    # Opened on its own, the raw route carries its own sandbox: scripts only with ?scripts=1.
     raw = page.request.get(f"/api/v1/sessions/{session_id}/files/spy.html")
     assert "sandbox" in raw.headers["content-security-policy"]
+    assert "allow-scripts" not in raw.headers["content-security-policy"]
     assert raw.headers["x-frame-options"] == "SAMEORIGIN"
+    with_scripts = page.request.get(f"/api/v1/sessions/{session_id}/files/spy.html?scripts=1")
+    assert "sandbox allow-scripts" in with_scripts.headers["content-security-policy"]
 
 
 def test_a_hostile_file_name_is_shown_as_text(open_page):
@@ -492,6 +640,67 @@ def test_a_goal_typed_in_new_session_is_the_first_input(open_page):
     assert len(users) == 1 and goal in users[0]["content"], users
     session = page.request.get(f"/api/v1/sessions/{session_id}/").json()
     assert session["session_goal"] == goal
+
+
+def test_a_session_started_from_home_with_tickets_csv_attached_delivers(open_page):
+    """The demo's first run from the home page: the file goes up with the form, so the first
+    turn can read it and ends with a checked report."""
+    page = open_page()
+    page.goto("/")
+    goal = page.get_by_test_id("new-session-goal")
+    assert "attach" in goal.get_attribute("placeholder")
+    page.get_by_test_id("new-session-title").fill("Home: weekly report")
+    goal.fill("Make the weekly support KPI report from tickets.csv")
+    page.get_by_test_id("new-session-files").set_input_files(str(DEMO_DATA / "tickets.csv"))
+    page.get_by_test_id("new-session-submit").click()
+    expect(page).to_have_url(SESSION_URL)
+    session_id = page.url.rstrip("/").rsplit("/", 1)[-1]
+
+    expect(file_row(page, "tickets.csv")).to_be_visible()
+    expect(file_row(page, "report.html")).to_be_visible(timeout=LIVE_TIMEOUT_MS)
+    card = page.get_by_test_id("delivery-card")
+    expect(card).to_have_count(1, timeout=LIVE_TIMEOUT_MS)
+    expect(card).to_have_attribute("data-checks-ok", "true")
+    assert card.locator(".delivery-icon").evaluate("(n) => getComputedStyle(n).color") == "rgb(31, 122, 61)"
+    inputs = page.request.get(f"/api/v1/sessions/{session_id}/messages/").json()["results"]
+    first = next(m for m in inputs if m["role"] == "user")
+    assert "tickets.csv" in first["content"], first
+
+
+def test_a_refused_upload_on_home_says_which_file_and_a_retry_reuses_the_session(open_page):
+    page = open_page()
+    page.goto("/")
+    title = "Home: refused upload"
+    page.get_by_test_id("new-session-title").fill(title)
+    page.get_by_test_id("new-session-goal").fill("hello")
+    good = {"name": "good.txt", "mimeType": "text/plain", "buffer": b"fine\n"}
+    bad = {"name": "..", "mimeType": "text/plain", "buffer": b"x"}  # no usable name: refused
+    page.get_by_test_id("new-session-files").set_input_files([good, bad])
+    page.get_by_test_id("new-session-submit").click()
+
+    error = page.get_by_test_id("new-session-error")
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("1 of 2 files could not be uploaded")
+    expect(error.locator("li")).to_have_count(1)
+    expect(error.locator("li strong")).to_have_text("..")
+    expect(error.locator("li")).to_contain_text("file")  # the API's own reason
+    uploads = page.get_by_test_id("new-session-uploads").get_by_test_id("upload")
+    expect(uploads.filter(has_text="good.txt")).to_have_attribute("data-state", "done")
+    expect(uploads.filter(has_text="..")).to_have_attribute("data-state", "error")
+    assert not SESSION_URL.search(page.url), page.url  # still on the home page
+    expect(page.get_by_test_id("open-unfinished-session")).to_be_visible()
+    submit = page.get_by_test_id("new-session-submit")
+    expect(submit).to_have_text("Retry the upload")
+
+    # Without the refused file, the retry finishes the same Session.
+    page.get_by_test_id("new-session-files").set_input_files([good])
+    submit.click()
+    expect(page).to_have_url(SESSION_URL)
+    expect(file_row(page, "good.txt")).to_be_visible()
+    sessions = page.request.get("/api/v1/sessions/?page_size=100").json()["results"]
+    assert [s["title"] for s in sessions].count(title) == 1
+    first = page.locator("[data-testid=message][data-role=user]").first
+    expect(first).to_contain_text("hello", timeout=LIVE_TIMEOUT_MS)
 
 
 def test_nothing_overflows_at_390_px(open_page, tmp_path):
