@@ -12,16 +12,12 @@ both decide) in separate browser contexts.
 
 import re
 import shutil
-import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from ..integration.processes import embedded_env, free_port, manage, running, wait_for_http
+from ..integration.processes import served_embedded
 from .test_workspace import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     CONTROL_SOCKETS,
     DEMO_TITLE,
     LIVE_TIMEOUT_MS,
@@ -29,7 +25,6 @@ from .test_workspace import (
     assistant_messages,
     expect,
     log_in,
-    sync_api,
 )
 
 DEMO_DATA = Path(__file__).resolve().parents[2] / "sessions_app" / "demo_data"
@@ -41,17 +36,9 @@ PAGE_TIMEOUT_MS = 60_000  # generous: two browsers and a worker share the machin
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """A fresh embedded install with the demo seeded and a second decider, served by `runstack`."""
-    root = tmp_path_factory.mktemp("approvals-stack")
-    env = embedded_env(root)
-    manage(env, "migrate", "--noinput", "-v0")
-    manage(env, "seed_demo")
-    manage(env, "create_user", REVIEWER[0], "--tenant", "demo", "--role", "admin", "--password", REVIEWER[1])
-    port = free_port()
-    log = root / "runstack.log"
-    with running([sys.executable, "manage.py", "runstack", "--port", str(port)], env, log) as proc:
-        base = f"http://127.0.0.1:{port}"
-        wait_for_http(f"{base}/healthz", proc, log)
-        yield SimpleNamespace(base=base, log=log, workspaces=root / "workspaces")
+    reviewer = ("create_user", REVIEWER[0], "--tenant", "demo", "--role", "admin", "--password", REVIEWER[1])
+    with served_embedded(tmp_path_factory.mktemp("approvals-stack"), ("seed_demo",), reviewer) as served:
+        yield served
 
 
 @pytest.fixture(autouse=True)
@@ -60,15 +47,6 @@ def _patient_expect():
     expect.set_options(timeout=PAGE_TIMEOUT_MS)
     yield
     expect.set_options(timeout=5_000)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    assert CHROMIUM.exists()
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

@@ -19,23 +19,18 @@ import base64
 import json
 import re
 import struct
-import sys
 import zlib
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from ..integration.processes import embedded_env, free_port, manage, running, wait_for_http
+from ..integration.processes import served_embedded
 from .test_workspace import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     LIVE_TIMEOUT_MS,
     SESSION_URL,
     assistant_messages,
     expect,
     log_in,
-    sync_api,
 )
 
 DEMO_DATA = Path(__file__).resolve().parents[2] / "sessions_app" / "demo_data"
@@ -57,16 +52,8 @@ ModelConfig.objects.get_or_create(
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("files-stack")
-    env = embedded_env(root)
-    manage(env, "migrate", "--noinput", "-v0")
-    manage(env, "seed_demo")
-    manage(env, "shell", "-c", CREATE_BROKEN_MODEL)
-    port = free_port()
-    log = root / "runstack.log"
-    with running([sys.executable, "manage.py", "runstack", "--port", str(port)], env, log) as proc:
-        base = f"http://127.0.0.1:{port}"
-        wait_for_http(f"{base}/healthz", proc, log)
-        yield SimpleNamespace(base=base, log=log, workspaces=root / "workspaces")
+    with served_embedded(root, ("seed_demo",), ("shell", "-c", CREATE_BROKEN_MODEL)) as served:
+        yield served
 
 
 @pytest.fixture(autouse=True)
@@ -74,14 +61,6 @@ def _patient_expect():
     expect.set_options(timeout=PAGE_TIMEOUT_MS)
     yield
     expect.set_options(timeout=5_000)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

@@ -7,14 +7,12 @@ Session WebSocket.
 """
 
 import re
-import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from ..integration.processes import embedded_env, free_port, manage, running, wait_for_http
+from ..integration.processes import served_embedded
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
@@ -42,24 +40,8 @@ DEMO_TITLE = "Support weekly report (demo)"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """A fresh embedded install, seeded with the demo, served by `runstack` on a free port."""
-    root = tmp_path_factory.mktemp("stack")
-    env = embedded_env(root)
-    manage(env, "migrate", "--noinput", "-v0")
-    manage(env, "seed_demo")
-    port = free_port()
-    log = root / "runstack.log"
-    with running([sys.executable, "manage.py", "runstack", "--port", str(port)], env, log) as proc:
-        base = f"http://127.0.0.1:{port}"
-        wait_for_http(f"{base}/healthz", proc, log)
-        yield SimpleNamespace(base=base, log=log)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+    with served_embedded(tmp_path_factory.mktemp("stack"), ("seed_demo",)) as served:
+        yield served
 
 
 @pytest.fixture

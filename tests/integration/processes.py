@@ -155,3 +155,24 @@ def web_and_worker(log_dir: Path, tag: str = "") -> Iterator[str]:
     ):
         wait_for_http(f"http://127.0.0.1:{port}/healthz", web, web_log)
         yield f"127.0.0.1:{port}"
+
+
+@contextmanager
+def served_embedded(root: Path, *setup: tuple[str, ...], env: dict[str, str] | None = None) -> Iterator:
+    """A fresh embedded install in `root` (migrated, then each `setup` manage.py command run),
+    served by `runstack` on a free port until the block ends.
+
+    Yields `.base` ("http://127.0.0.1:<port>"), `.port`, `.log` and `.workspaces`.
+    """
+    from types import SimpleNamespace
+
+    env = env or embedded_env(root)
+    manage(env, "migrate", "--noinput", "-v0")
+    for command in setup:
+        manage(env, *command)
+    port = free_port()
+    log = root / "runstack.log"
+    with running([sys.executable, "manage.py", "runstack", "--port", str(port)], env, log) as proc:
+        base = f"http://127.0.0.1:{port}"
+        wait_for_http(f"{base}/healthz", proc, log)
+        yield SimpleNamespace(base=base, port=port, log=log, workspaces=root / "workspaces")
