@@ -47,7 +47,7 @@ def json_depth_exceeds(text: str, limit: int) -> bool:
 
 
 def json_max_depth() -> int:
-    return getattr(settings, "XAGENT_JSON_MAX_DEPTH", 32)
+    return settings.XAGENT_JSON_MAX_DEPTH
 
 
 class JSONParser(parsers.JSONParser):

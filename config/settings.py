@@ -329,6 +329,11 @@ if XAGENT_MAX_OUTPUT_TOKENS >= XAGENT_CONTEXT_WINDOW:
 # unless the operator lists the host here ("host" or "host:port", comma-separated).
 XAGENT_OUTBOUND_ALLOWED_HOSTS = _read("XAGENT_OUTBOUND_ALLOWED_HOSTS", env.list, [])
 XAGENT_WORKSPACES_DIR = Path(_read("XAGENT_WORKSPACES_DIR", env.str, str(VAR_DIR / "workspaces")))
+# Loop guards of a turn (AgentService): the same failing call this many times in a row, this
+# many rounds of tool calls without progress, or this many steps end the turn `blocked`.
+XAGENT_LOOP_GUARD_REPEATS = _positive_int("XAGENT_LOOP_GUARD_REPEATS", 3)
+XAGENT_LOOP_GUARD_IDLE_ROUNDS = _positive_int("XAGENT_LOOP_GUARD_IDLE_ROUNDS", 6)
+XAGENT_MAX_STEPS_PER_TURN = _positive_int("XAGENT_MAX_STEPS_PER_TURN", 100)
 # What a person may put in a workspace through the files API (413/400 beyond; the model's own
 # file tools have their per-file limits in tools_app.workspace).
 XAGENT_UPLOAD_MAX_BYTES = _positive_int("XAGENT_UPLOAD_MAX_BYTES", 25 * 1024 * 1024)

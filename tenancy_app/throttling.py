@@ -57,7 +57,7 @@ class UserRateThrottle(ApiKeyRateThrottle):
 
 
 def _slot_keys(ident: str) -> list[str]:
-    limit = getattr(settings, "XAGENT_LONG_POLL_MAX_PER_KEY", 10)
+    limit = settings.XAGENT_LONG_POLL_MAX_PER_KEY
     return [f"xagent:longpoll:{ident}:{n}" for n in range(limit)]
 
 

@@ -104,7 +104,7 @@ def _normal_host(host: str) -> str:
 def is_allow_listed(host: str, port: int | None) -> bool:
     """True if the operator listed `host` or `host:port` in XAGENT_OUTBOUND_ALLOWED_HOSTS."""
     host = _normal_host(host)
-    for entry in getattr(settings, "XAGENT_OUTBOUND_ALLOWED_HOSTS", None) or []:
+    for entry in settings.XAGENT_OUTBOUND_ALLOWED_HOSTS:
         entry = str(entry).strip().lower()
         if not entry:
             continue

@@ -6,7 +6,7 @@ from tools_app.workspace import relative_posix, resolve_in_workspace
 
 from ..choices import InputKind, InputStatus, PlanTaskStatus, SessionKind
 from ..models import Delivery, Input, Message, ModelCall, ModelConfig, Session, SessionEvent
-from ..runtime.llm.config import resolve_model
+from ..runtime.llm.config import resolve_model, tenant_default_config
 
 IDEMPOTENCY_KEY_MAX_LENGTH = Input._meta.get_field("idempotency_key").max_length
 
@@ -68,7 +68,12 @@ class SessionSerializer(serializers.ModelSerializer):
 
         from ..runtime.engine import session_capabilities
 
-        attached = session_capabilities(obj.pk)
+        if "capabilities" in getattr(obj, "_prefetched_objects_cache", {}):
+            attached = {"tools": [], "toolsets": [], "skills": []}
+            for capability in obj.capabilities.all():
+                attached[f"{capability.kind}s"].append(capability.name)
+        else:
+            attached = session_capabilities(obj.pk)
         tools = list(dict.fromkeys([*default_tool_names(), *attached["tools"]]))
         return {"skills": attached["skills"], "tools": tools, "toolsets": attached["toolsets"]}
 
@@ -76,7 +81,13 @@ class SessionSerializer(serializers.ModelSerializer):
         return {"prompt_tokens": obj.prompt_tokens, "completion_tokens": obj.completion_tokens}
 
     def get_model_label(self, obj) -> str:
-        return resolve_model(obj).label
+        if obj.model_config_id is not None:
+            return resolve_model(obj).label
+        # One look-up of the tenant's default per serializer (a list page), not one per row.
+        cache = self.root.__dict__.setdefault("_tenant_defaults", {})
+        if obj.tenant_id not in cache:
+            cache[obj.tenant_id] = tenant_default_config(obj.tenant_id)
+        return resolve_model(obj, tenant_default=cache[obj.tenant_id]).label
 
     def validate_kind(self, value):
         if value not in SessionKind.values:

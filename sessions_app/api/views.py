@@ -80,6 +80,8 @@ class SessionViewSet(
 
     def get_queryset(self):
         queryset = super().get_queryset()
+        if self.action in ("list", "retrieve"):
+            queryset = queryset.prefetch_related("capabilities")  # one query per page, not per row
         if self.action != "list":
             return queryset  # ?status= on sub-resources (approvals) means their own status
         wanted = self.request.query_params.get("status")

@@ -39,9 +39,9 @@ HEARTBEAT_S = 10.0
 
 def loop_guard_limits() -> tuple[int, int, int]:
     return (
-        getattr(settings, "XAGENT_LOOP_GUARD_REPEATS", 3),
-        getattr(settings, "XAGENT_LOOP_GUARD_IDLE_ROUNDS", 6),
-        getattr(settings, "XAGENT_MAX_STEPS_PER_TURN", 100),
+        settings.XAGENT_LOOP_GUARD_REPEATS,
+        settings.XAGENT_LOOP_GUARD_IDLE_ROUNDS,
+        settings.XAGENT_MAX_STEPS_PER_TURN,
     )
 
 
@@ -407,7 +407,7 @@ class AgentService:
                 )
                 guard["failure_signature"] = signature
         guard["idle_rounds"] = 0 if progressed else guard.get("idle_rounds", 0) + 1
-        engine.record_step(turn_id, guard)
+        engine.record_step(self.session_id, self.token, turn_id, guard)
         if guard.get("repeats", 0) >= repeats_limit:
             return self._end(
                 turn_id,

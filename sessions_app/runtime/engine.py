@@ -466,8 +466,14 @@ def commit_tool_result(
         )
 
 
-def record_step(turn_id: int, guard_state: dict) -> None:
-    Turn.objects.filter(pk=turn_id).update(steps=F("steps") + 1, guard_state=guard_state)
+def record_step(session_id, token, turn_id: int, guard_state: dict) -> None:
+    """Count a step and keep the loop guard's memory, fenced like every runner write: a
+    compare-and-set on the lease (no row lock needed for one row of the runner's own turn)."""
+    updated = Turn.objects.filter(pk=turn_id, session_id=session_id, session__runner_token=token).update(
+        steps=F("steps") + 1, guard_state=guard_state
+    )
+    if not updated:
+        raise LeaseLost(f"session {session_id}: lease now held by another runner")
 
 
 # --- tool-changed facts (the SessionPort tools reach through the runtime) ------------------------

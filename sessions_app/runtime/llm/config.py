@@ -37,10 +37,19 @@ class EffectiveModel:
         )
 
 
-def resolve_model(session: Session) -> EffectiveModel:
+_LOOK_UP = object()
+
+
+def tenant_default_config(tenant_id) -> ModelConfig | None:
+    return ModelConfig.objects.for_tenant(tenant_id).filter(is_default=True).first()
+
+
+def resolve_model(session: Session, tenant_default=_LOOK_UP) -> EffectiveModel:
+    """`tenant_default`: the tenant's default ModelConfig (or None) when the caller has it
+    already — a list of Sessions looks it up once, not once per row."""
     config = session.model_config
     if config is None:
-        config = ModelConfig.objects.for_tenant(session.tenant_id).filter(is_default=True).first()
+        config = tenant_default_config(session.tenant_id) if tenant_default is _LOOK_UP else tenant_default
     if config is not None:
         return EffectiveModel(
             provider=OPENAI_PROVIDER,

@@ -8,6 +8,8 @@ once (no retries) with a message naming the rule.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 
 import openai
@@ -38,17 +40,40 @@ def _is_transient(exc: Exception) -> bool:
     return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
 
 
-class OpenAIChatProvider:
-    def __init__(self, model: EffectiveModel):
-        self.model = model
+# One client (and its connection pool) per endpoint, key and guard per process, shared by every
+# step and thread: building one per step cost a TLS handshake and a new pool each time. A
+# changed configuration (URL, key) is a new key here; the old client ages out.
+MAX_CACHED_CLIENTS = 32
+_clients: OrderedDict[tuple, openai.OpenAI] = OrderedDict()
+_clients_lock = threading.Lock()
+
+
+def client_for(model: EffectiveModel) -> openai.OpenAI:
+    key = (model.base_url, model.api_key, model.guarded)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is not None:
+            _clients.move_to_end(key)
+            return client
         http_client = openai.DefaultHttpxClient(transport=guarded_transport()) if model.guarded else None
-        self.client = openai.OpenAI(
+        client = openai.OpenAI(
             base_url=model.base_url or None,
             api_key=model.api_key,
             max_retries=0,
             timeout=TIMEOUT,
             http_client=http_client,
         )
+        _clients[key] = client
+        while len(_clients) > MAX_CACHED_CLIENTS:
+            # Not closed: another thread may be streaming through it; its pool is freed with it.
+            _clients.popitem(last=False)
+        return client
+
+
+class OpenAIChatProvider:
+    def __init__(self, model: EffectiveModel):
+        self.model = model
+        self.client = client_for(model)
 
     def complete(
         self,
