@@ -141,6 +141,8 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
     outcome = "released"
     deadline = time.monotonic() + max_seconds
     try:
+        # Once per slice: only a lost runner (a crash, a killed worker) leaves calls unanswered.
+        engine.close_dangling_calls(session_id, token)
         while True:
             if steps >= max_steps or time.monotonic() >= deadline:
                 release(session_id, token, keep_if_work=False)

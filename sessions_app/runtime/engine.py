@@ -466,6 +466,75 @@ def commit_tool_result(
         )
 
 
+INTERRUPTED_CALL_TEXT = (
+    "Interrupted: the runner stopped before this call's result was recorded. It was not run again; "
+    "it may or may not have taken effect, so check before repeating it."
+)
+
+
+def close_dangling_calls(session_id, token) -> list[dict]:
+    """After a runner was lost mid-step: give every tool call of the open turn that has no
+    result an `interrupted` one, so the next request is valid (each call answered) and nothing
+    is run twice. A turn parked on an approval is left alone: its calls wait for a person.
+    Announced as `session.recovered`. Returns the calls closed."""
+    with locked_session(session_id, token) as session:
+        turn_id = session.current_turn_id
+        if turn_id is None or session.status not in (SessionStatus.RUNNING, SessionStatus.PREPARING):
+            return []
+        last_call = (
+            Message.objects.filter(turn_id=turn_id, role=Role.ASSISTANT)
+            .exclude(tool_calls=[])
+            .order_by("-id")
+            .only("id", "tool_calls")
+            .first()
+        )
+        if last_call is None:
+            return []
+        answered = set(
+            Message.objects.filter(turn_id=turn_id, role=Role.TOOL, id__gt=last_call.pk).values_list(
+                "tool_call_id", flat=True
+            )
+        )
+        closed = []
+        for call in last_call.tool_calls:
+            if call.get("id") in answered:
+                continue
+            emit(
+                session,
+                "tool.ended",
+                {
+                    "call_id": call["id"],
+                    "tool": call["name"],
+                    "ok": False,
+                    "summary": "interrupted",
+                    "turn_id": turn_id,
+                },
+            )
+            _append_message(
+                session,
+                Turn(pk=turn_id),
+                Role.TOOL,
+                INTERRUPTED_CALL_TEXT,
+                tool_call_id=call["id"],
+                tool_name=call["name"],
+                is_error=True,
+            )
+            closed.append(
+                {"call_id": call["id"], "tool": call["name"], "reason": "runner lost before its result"}
+            )
+        if closed:
+            emit(
+                session,
+                "session.recovered",
+                {
+                    "restored": [],
+                    "interrupted_calls": closed,
+                    "next": "the turn continues with the next step",
+                },
+            )
+        return closed
+
+
 def record_step(session_id, token, turn_id: int, guard_state: dict) -> None:
     """Count a step and keep the loop guard's memory, fenced like every runner write: a
     compare-and-set on the lease (no row lock needed for one row of the runner's own turn)."""

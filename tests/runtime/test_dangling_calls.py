@@ -1,0 +1,70 @@
+"""A runner lost between a tool call and its result (worker killed): the next slice answers the
+dangling call `interrupted`, never runs it again, and the next request is valid."""
+
+import json
+
+from sessions_app.models import Message, SessionEvent, Turn
+from sessions_app.runtime import brain, engine
+from tests.support.model_server import text_reply
+
+from .helpers import assert_tool_pairs, drive_until_idle, new_session, send
+
+
+def test_a_call_left_without_a_result_is_closed_interrupted_and_not_rerun(
+    tenant_a, owner_a, model_config_a, model_server
+):
+    session = new_session(tenant_a, owner_a)
+    send(session, "write a.txt and b.txt")
+    token = brain.acquire(session.pk)
+    turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
+    calls = [
+        {"id": "c1", "name": "fs_write", "arguments": json.dumps({"path": "a.txt", "content": "a"})},
+        {"id": "c2", "name": "fs_write", "arguments": json.dumps({"path": "b.txt", "content": "b"})},
+    ]
+    engine.commit_assistant_message(session.pk, token, turn.pk, "", calls)
+    engine.commit_tool_result(
+        session.pk,
+        token,
+        turn.pk,
+        call_id="c1",
+        tool="fs_write",
+        content="created a.txt",
+        ok=True,
+        summary="ok",
+    )
+    # The worker dies here: c2 has no result, and its lease lapses.
+    engine.Session.objects.filter(pk=session.pk).update(runner_token=None, lease_expires_at=None)
+    model_server.script("agent", text_reply("b.txt may not exist; I will not assume it does."))
+
+    drive_until_idle(session)
+
+    assert Turn.objects.get(pk=turn.pk).reason == "completed"
+    assert_tool_pairs(session)
+    closed = Message.objects.get(session=session, role="tool", tool_call_id="c2")
+    assert closed.is_error and closed.content.startswith("Interrupted:")
+    assert not (engine.workspace_path(session) / "b.txt").exists()  # never run again
+    request = model_server.requests_for("agent")[-1]
+    assert [(m["role"], m.get("tool_call_id")) for m in request.messages[-3:]] == [
+        ("assistant", None),
+        ("tool", "c1"),
+        ("tool", "c2"),
+    ]
+    recovered = SessionEvent.objects.get(session=session, type="session.recovered")
+    assert recovered.data["interrupted_calls"] == [
+        {"call_id": "c2", "tool": "fs_write", "reason": "runner lost before its result"}
+    ]
+
+
+def test_a_turn_parked_on_an_approval_keeps_its_waiting_call(tenant_a, owner_a):
+    session = new_session(tenant_a, owner_a)
+    send(session, "x")
+    token = brain.acquire(session.pk)
+    turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
+    engine.commit_assistant_message(
+        session.pk, token, turn.pk, "", [{"id": "c9", "name": "fs_delete_files", "arguments": "{}"}]
+    )
+    with engine.locked_session(session.pk, token) as locked:
+        engine.set_status(locked, "waiting_approval")
+
+    assert engine.close_dangling_calls(session.pk, token) == []
+    assert not Message.objects.filter(session=session, role="tool").exists()
