@@ -45,14 +45,16 @@ ApprovalHook = Callable[[Tool, dict, ToolContext], Any]
 class ApprovalRequired(Exception):
     """Raised by `execute` when policy says a human must decide before this call runs.
 
-    The parsed, validated arguments are on `.arguments` (`Exception.args` is taken).
+    The parsed, validated arguments are on `.arguments` (`Exception.args` is taken), and the
+    policy's whole verdict on `.verdict`, so the caller parks the call without evaluating again.
     """
 
-    def __init__(self, tool: Tool, args: dict, call_id: str = ""):
+    def __init__(self, tool: Tool, args: dict, call_id: str = "", verdict=None):
         super().__init__(f"tool {tool.name!r} requires approval")
         self.tool = tool
         self.arguments = args
         self.call_id = call_id
+        self.verdict = verdict
 
 
 class ToolCall(NamedTuple):
@@ -350,7 +352,7 @@ class ToolService:
         if action == REQUIRE_APPROVAL:
             if approved:
                 return
-            raise ApprovalRequired(tool, args, call_id)
+            raise ApprovalRequired(tool, args, call_id, verdict)
         if action != DENY:
             logger.error("approval hook returned %r for tool %s; treating as deny", verdict, tool.name)
         reason = str(getattr(verdict, "reason", "") or "").strip()

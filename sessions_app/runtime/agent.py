@@ -393,6 +393,7 @@ class AgentService:
                     arguments=required.arguments,
                     remaining_call_ids=[c["id"] for c in call_specs[index + 1 :]],
                     redactor=redactor,
+                    verdict=required.verdict,
                 )
                 return StepResult(suspended=True)
             self._commit_outcome(turn_id, call_spec, outcome, redactor)

@@ -65,10 +65,15 @@ def suspend(
     arguments: dict,
     remaining_call_ids: list[str],
     redactor,
+    verdict=None,
 ) -> PendingApproval:
-    """Park the turn on a RuntimeAuditUnit: approval row + status + event in one transaction."""
+    """Park the turn on a RuntimeAuditUnit: approval row + status + event in one transaction.
+
+    `verdict`: the policy's verdict ToolService already reached (`ApprovalRequired.verdict`);
+    evaluated here only when a caller has none."""
     with engine.locked_session(session_id, token) as session:
-        verdict = verdict_for(session.tenant_id, tool, arguments)
+        if verdict is None or not hasattr(verdict, "expires_after_hours"):
+            verdict = verdict_for(session.tenant_id, tool, arguments)
         expires_at = None
         if verdict.expires_after_hours:
             expires_at = timezone.now() + timezone.timedelta(hours=verdict.expires_after_hours)

@@ -206,3 +206,16 @@ def test_the_audit_trail_answers_who_what_which_rule_who_decided_and_what_ran(se
     assert approval.rule["label"]  # under which rule
     assert approval.decided_at and approval.comment == "ok to remove"  # who decided, when, why
     assert approval.executed_at and "deleted" in approval.execution_result  # what ran
+
+
+def test_the_policy_runs_once_for_a_call_it_parks(session, model_server, monkeypatch):
+    from approvals_app import policy
+
+    evaluated = []
+    real_evaluate = policy.evaluate
+    monkeypatch.setattr(policy, "evaluate", lambda *a, **k: evaluated.append(a[1]) or real_evaluate(*a, **k))
+
+    approval = _park(session, model_server)
+
+    assert len(evaluated) == 1  # ToolService's verdict is the one the approval row records
+    assert approval.rule["label"] and approval.expires_at is not None
