@@ -117,7 +117,7 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8-sig")
 
 
-def _csv_dialect(text: str, path: str):
+def _csv_dialect(path: str):
     return "excel-tab" if path.lower().endswith(".tsv") else "excel"
 
 
@@ -126,7 +126,7 @@ def _csv_dialect(text: str, path: str):
 
 def _check_csv(rel: str, data: bytes) -> Check:
     text = _decode(data)
-    rows = list(csv.reader(io.StringIO(text, newline=""), dialect=_csv_dialect(text, rel), strict=True))
+    rows = list(csv.reader(io.StringIO(text, newline=""), dialect=_csv_dialect(rel), strict=True))
     rows = [row for row in rows if row]  # a trailing blank line is not a row
     if not rows:
         return Check(rel, "csv", False, "the file holds no CSV rows")
@@ -407,7 +407,7 @@ def preview(path: Path, rel: str, raw_url: str) -> dict:
         if truncated:
             text = text[: text.rfind("\n") + 1]  # whole rows only
         try:
-            reader = csv.reader(io.StringIO(text, newline=""), dialect=_csv_dialect(text, rel))
+            reader = csv.reader(io.StringIO(text, newline=""), dialect=_csv_dialect(rel))
             rows = [row for row in reader if row]
         except csv.Error as exc:
             return {**as_text, "message": f"Shown as text: the CSV does not parse ({exc})."}

@@ -28,7 +28,7 @@ _SAFE_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # A person names files through HTTP forms and headers: no C0/DEL/C1 controls, and none of the
 # invisible characters that make a name read as something else (bidi overrides turn
 # "invoice\u202etxt.html" into "invoicelmth.txt", zero-width spaces, line separators, BOM).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 
 
 def _escape(user_path: str, why: str) -> ToolError:
@@ -199,7 +199,7 @@ def upload_destination(workspace: Path, file_name: str, user_path: str | None) -
     if not name or name in (".", ".."):
         raise ToolError("the uploaded file has no usable name; give a `path`", code="invalid_path")
     for text in (name, user_path or ""):
-        if _CONTROL.search(text):
+        if CONTROL_CHARACTERS.search(text):
             raise ToolError(
                 f"{text[:200]!r} holds a control or invisible formatting character; file names may not",
                 code="invalid_path",

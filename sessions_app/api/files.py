@@ -11,7 +11,6 @@ whether it is opened in the preview iframe or in its own tab.
 from __future__ import annotations
 
 import os
-import re
 
 from django.conf import settings
 from django.http import FileResponse
@@ -27,6 +26,7 @@ from rest_framework.response import Response
 from config.schema import error
 from tools_app.base import ToolError
 from tools_app.workspace import (
+    CONTROL_CHARACTERS,
     WorkspaceLimitExceeded,
     delete_path,
     list_tree,
@@ -42,7 +42,6 @@ from ..runtime import engine
 from .serializers import DeliverySerializer, WorkspaceEntrySerializer
 
 MAX_TREE_ENTRIES = 5000
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 # Multipart framing around the file (boundaries, part headers, the `path` field).
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 

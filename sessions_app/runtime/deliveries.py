@@ -92,7 +92,7 @@ def _changed_paths(turn: Turn, workspace: Path) -> list[str]:
     return sorted(paths)
 
 
-def _target(tool: str, raw_arguments) -> str:
+def _target(raw_arguments) -> str:
     """What a call acts on, so a later success on the same thing resolves an earlier failure."""
     try:
         arguments = json.loads(raw_arguments) if isinstance(raw_arguments, str) else raw_arguments
@@ -114,7 +114,7 @@ def unresolved_failures(turn_id: int) -> list[dict]:
             for call in message.tool_calls or []:
                 calls[call.get("id", "")] = (
                     call.get("name", ""),
-                    _target(call.get("name", ""), call.get("arguments")),
+                    _target(call.get("arguments")),
                 )
             continue
         tool, target = calls.get(message.tool_call_id, (message.tool_name, ""))

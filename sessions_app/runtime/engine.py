@@ -408,7 +408,7 @@ def commit_assistant_message(
         )
 
 
-def announce_tool_started(session_id, token, call_id: str, tool: str, arguments, *, turn_id=None) -> None:
+def announce_tool_started(session_id, token, call_id: str, tool: str, arguments, *, turn_id: int) -> None:
     # `turn_id` (an extension of the CONTRACT shape): call ids are the model's and may repeat
     # across turns, so clients key tool cards by (turn, call id).
     arguments = without_nul(arguments)
@@ -420,7 +420,7 @@ def announce_tool_started(session_id, token, call_id: str, tool: str, arguments,
                 "call_id": call_id,
                 "tool": tool,
                 "arguments": arguments,
-                **({"turn_id": turn_id} if turn_id else {}),
+                "turn_id": turn_id,
             },
         )
 
@@ -441,29 +441,47 @@ def commit_tool_result(
 
     `source` names where it ran when that is not this process, e.g. {"server", "tool"} for MCP.
     """
-    content, summary = without_nul(content), without_nul(summary)
     with locked_session(session_id, token) as session:
-        emit(
+        return _record_tool_result(
             session,
-            "tool.ended",
-            {
-                "call_id": call_id,
-                "tool": tool,
-                "ok": ok,
-                "summary": summary,
-                "turn_id": turn_id,
-                **({"source": source} if source else {}),
-            },
+            turn_id,
+            call_id=call_id,
+            tool=tool,
+            content=content,
+            ok=ok,
+            summary=summary,
+            source=source,
         )
-        return _append_message(
-            session,
-            Turn(pk=turn_id),
-            Role.TOOL,
-            content,
-            tool_call_id=call_id,
-            tool_name=tool,
-            is_error=not ok,
-        )
+
+
+def _record_tool_result(
+    session: Session,
+    turn_id: int,
+    *,
+    call_id: str,
+    tool: str,
+    content: str,
+    ok: bool,
+    summary: str,
+    source: dict | None = None,
+) -> Message:
+    """`tool.ended` and the tool message of one call (caller holds the lock)."""
+    content, summary = without_nul(content), without_nul(summary)
+    emit(
+        session,
+        "tool.ended",
+        {
+            "call_id": call_id,
+            "tool": tool,
+            "ok": ok,
+            "summary": summary,
+            "turn_id": turn_id,
+            **({"source": source} if source else {}),
+        },
+    )
+    return _append_message(
+        session, Turn(pk=turn_id), Role.TOOL, content, tool_call_id=call_id, tool_name=tool, is_error=not ok
+    )
 
 
 INTERRUPTED_CALL_TEXT = (
@@ -499,25 +517,14 @@ def close_dangling_calls(session_id, token) -> list[dict]:
         for call in last_call.tool_calls:
             if call.get("id") in answered:
                 continue
-            emit(
+            _record_tool_result(
                 session,
-                "tool.ended",
-                {
-                    "call_id": call["id"],
-                    "tool": call["name"],
-                    "ok": False,
-                    "summary": "interrupted",
-                    "turn_id": turn_id,
-                },
-            )
-            _append_message(
-                session,
-                Turn(pk=turn_id),
-                Role.TOOL,
-                INTERRUPTED_CALL_TEXT,
-                tool_call_id=call["id"],
-                tool_name=call["name"],
-                is_error=True,
+                turn_id,
+                call_id=call["id"],
+                tool=call["name"],
+                content=INTERRUPTED_CALL_TEXT,
+                ok=False,
+                summary="interrupted",
             )
             closed.append(
                 {"call_id": call["id"], "tool": call["name"], "reason": "runner lost before its result"}
