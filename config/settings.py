@@ -317,6 +317,11 @@ except ValueError as exc:
 
 OPENAI_BASE_URL = _read("OPENAI_BASE_URL", env.str, "")
 OPENAI_API_KEY = _read("OPENAI_API_KEY", env.str, "")
+# A model that runs in this process (dotted path of a provider class taking an EffectiveModel,
+# see sessions_app/runtime/llm/providers.py) serves Sessions with no ModelConfig instead of the
+# environment's OpenAI endpoint or the demo model: `make bench` uses a zero-latency one. Operator
+# only; a tenant cannot choose it.
+XAGENT_MODEL_PROVIDER = _read("XAGENT_MODEL_PROVIDER", env.str, "")
 XAGENT_MODEL = _read("XAGENT_MODEL", env.str, "")
 XAGENT_CONTEXT_WINDOW = _positive_int("XAGENT_CONTEXT_WINDOW", 128000)
 XAGENT_MAX_OUTPUT_TOKENS = _positive_int("XAGENT_MAX_OUTPUT_TOKENS", 4096)

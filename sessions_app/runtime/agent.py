@@ -28,7 +28,7 @@ from ..models import Message, Session, Turn
 from . import engine
 from .events import broadcast_delta
 from .llm.base import Cancelled, CancelSignal, ModelCallFailed
-from .llm.config import DEMO_PROVIDER, EffectiveModel
+from .llm.providers import provider_for
 
 logger = logging.getLogger(__name__)
 
@@ -43,16 +43,6 @@ def loop_guard_limits() -> tuple[int, int, int]:
         settings.XAGENT_LOOP_GUARD_IDLE_ROUNDS,
         settings.XAGENT_MAX_STEPS_PER_TURN,
     )
-
-
-def get_provider(model: EffectiveModel):
-    if model.provider == DEMO_PROVIDER:
-        from .llm.demo import DemoModelProvider
-
-        return DemoModelProvider(model)
-    from .llm.openai_provider import OpenAIChatProvider
-
-    return OpenAIChatProvider(model)
 
 
 class RuntimeSessionPort:
@@ -197,7 +187,7 @@ class AgentService:
         started = time.monotonic()
         try:
             with InterruptWatcher(self.session_id, self.cancel, self.heartbeat):
-                result = get_provider(request.model).complete(
+                result = provider_for(request.model).complete(
                     request.messages, request.tools, purpose="agent", on_delta=coalescer, cancel=self.cancel
                 )
         except Cancelled:

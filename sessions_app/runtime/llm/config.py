@@ -63,6 +63,16 @@ def resolve_model(session: Session, tenant_default=_LOOK_UP) -> EffectiveModel:
             temperature=config.temperature,
             guarded=not config.configured_by_operator,
         )
+    if settings.XAGENT_MODEL_PROVIDER:
+        return EffectiveModel(
+            provider=settings.XAGENT_MODEL_PROVIDER,
+            name="in-process",
+            model=settings.XAGENT_MODEL or settings.XAGENT_MODEL_PROVIDER.rpartition(".")[2],
+            base_url="",
+            api_key="",
+            context_window=settings.XAGENT_CONTEXT_WINDOW,
+            max_output_tokens=settings.XAGENT_MAX_OUTPUT_TOKENS,
+        )
     if settings.OPENAI_API_KEY:
         return EffectiveModel(
             provider=OPENAI_PROVIDER,
