@@ -4,3 +4,10 @@ from django.apps import AppConfig
 class ApprovalsConfig(AppConfig):
     name = "approvals_app"
     verbose_name = "Approvals"
+
+    def ready(self):
+        from tenancy_app.versioning import track_configuration
+
+        from .policy_models import ApprovalPolicy, ApprovalRule
+
+        track_configuration(ApprovalPolicy, ApprovalRule)

@@ -104,15 +104,25 @@ def tool_facts(tenant_id: int, tool_name: str) -> CallFacts | None:
     return _tool_facts(tenant_id, tool_name)
 
 
-def evaluate(tenant_id: int, facts: CallFacts, arguments: dict) -> Verdict:
-    """The tenant's verdict on one call (one query). Never raises for a bad stored rule."""
-    rules = (
+def tenant_rules(tenant_id: int) -> list[ApprovalRule]:
+    """The tenant's enabled rules in evaluation order (one query). A runner slice loads them
+    once and re-loads when the tenant's configuration version changes."""
+    return list(
         ApprovalRule.objects.filter(
             tenant_id=tenant_id, enabled=True, policy__tenant_id=tenant_id, policy__enabled=True
         )
         .select_related("policy")
         .order_by("policy__priority", "policy_id", "position", "id")
     )
+
+
+def evaluate(
+    tenant_id: int, facts: CallFacts, arguments: dict, rules: list[ApprovalRule] | None = None
+) -> Verdict:
+    """The tenant's verdict on one call: `rules` as `tenant_rules` gave them, or read now.
+    Never raises for a bad stored rule."""
+    if rules is None:
+        rules = tenant_rules(tenant_id)
     best: tuple[int, ApprovalRule, str, str] | None = None  # (severity, rule, action, reason)
     for rule in rules:
         if not _matches_call(rule, facts):

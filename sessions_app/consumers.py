@@ -61,6 +61,11 @@ class SessionConsumer(TenantScopedConsumer):
         else:
             await self._send_from_log()
 
+    async def session_events(self, message):
+        """The events of one commit, sent by the runtime as one message."""
+        for event in message["events"]:
+            await self.session_event({"event": event})
+
     async def session_delta(self, message):
         await self.send_json(message["event"])
 

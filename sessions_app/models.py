@@ -162,6 +162,9 @@ class Message(TenantOwnedModel):
     tool_name = models.CharField(max_length=200, blank=True)
     is_error = models.BooleanField(default=False)
     input = models.ForeignKey(Input, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The local token estimate of this message on the wire, made once when it was committed:
+    # a request's estimate is a sum, not a re-count of history (llm/tokens.py).
+    token_estimate = models.PositiveIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -21,6 +21,10 @@ slug_validator = RegexValidator(
 class Tenant(models.Model):
     slug = models.CharField(max_length=50, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
+    # Bumped by every change of what configures this tenant's Sessions (models, tools, secrets,
+    # policies: tenancy_app.versioning). A running slice caches that configuration and checks this
+    # number in each step's fenced commit, so a change applies from the next model request.
+    config_version = models.PositiveBigIntegerField(default=1, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -9,12 +9,15 @@ class ToolsConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from approvals_app.policy import register_tool_facts
+        from tenancy_app.versioning import track_configuration
 
         from .catalog import policy_facts_for
+        from .models import MCPServer, SandboxPolicy, Secret, Tool, ToolSet
 
         post_migrate.connect(_sync_native_tools, sender=self)
         # approvals_app sits below tools_app: its "Test a call" reads a tool's facts through this port.
         register_tool_facts(policy_facts_for)
+        track_configuration(MCPServer, ToolSet, Tool, SandboxPolicy, Secret)
 
 
 def _sync_native_tools(sender, **kwargs):

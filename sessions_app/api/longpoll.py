@@ -178,4 +178,8 @@ async def _notified(layer, channel: str, after: int, timeout: float) -> bool:
             continue
         if message.get("type") == "session.event" and (message["event"].get("seq") or 0) > after:
             return True
+        if message.get("type") == "session.events" and any(
+            (e.get("seq") or 0) > after for e in message["events"]
+        ):
+            return True
     return False

@@ -1,13 +1,20 @@
 """AgentService: the fixed LLM/Tool loop of one turn, one step at a time (ARCHITECTURE §2).
 
-A step: assemble the request from owner facts -> stream one model call -> either a final
-answer (turn `completed`), a truncated answer (turn `max_tokens`, nothing executed), or tool
-calls, each run through ToolService and committed with its result. AgentService keeps no
-history of its own: every step starts from what SessionEngine has committed.
+One AgentService serves one runner slice. The slice reads its context once (`SliceContext`:
+the Session's facts, model, tools, secrets, policy rules and the request history) and each
+step is three kinds of commit (SessionEngine's step phases, each fenced by the lease):
+  (a) begin — the model-call record of what is sent, the step count, `model.started`; it also
+      proves nothing the slice cached changed, or the slice re-reads (`StaleSlice`);
+  (b) end — the call's result, the assistant message and `tool.started` of each call;
+  (c) one commit per finished tool call (its result message and `tool.ended`).
+A step ends with a final answer (turn `completed`), a truncated answer (turn `max_tokens`,
+nothing executed), or tool calls, each run through ToolService. AgentService keeps no history
+of its own beyond the slice: the next slice starts from what SessionEngine has committed.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -17,18 +24,21 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from approvals_app import policy as approval_policy
 from config.parsers import json_depth_exceeds, json_max_depth
 from tools_app.base import ToolContext, ToolError
-from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool_names
+from tools_app.catalog import policy_facts, resolve_available, sandbox_limits_for, tenant_tool_names
 from tools_app.secrets import Redactor, StreamRedactor, tenant_secret_values
 from tools_app.service import ApprovalRequired, ToolService
 
 from ..choices import InputKind, TurnReason
-from ..models import Message, Session, Turn
-from . import engine
+from ..models import Message, Plan, Session, Turn
+from . import approvals, engine
 from .events import broadcast_delta
 from .llm.base import Cancelled, CancelSignal, ModelCallFailed
+from .llm.config import resolve_model
 from .llm.providers import provider_for
+from .llm.tokens import estimate_message_tokens, estimate_tools_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -46,52 +56,169 @@ def loop_guard_limits() -> tuple[int, int, int]:
 
 
 class RuntimeSessionPort:
-    """The SessionPort tools use: each call is a fenced SessionEngine operation."""
+    """The SessionPort tools use: each call is a fenced SessionEngine operation of the slice."""
 
-    def __init__(self, session_id, token):
-        self.session_id, self.token = session_id, token
+    def __init__(self, context: SliceContext):
+        self.context = context
 
     def plan_create(self, title: str, tasks: list[str]) -> dict:
-        return engine.plan_create(self.session_id, self.token, title, tasks)
+        plan = engine.plan_create(self.context.writer, title, tasks)
+        self.context.plan_changed(plan)
+        return plan
 
     def plan_update(self, updates: list[dict]) -> dict:
         try:
-            return engine.plan_update(self.session_id, self.token, updates)
+            plan = engine.plan_update(self.context.writer, updates)
         except ValueError as exc:  # the model's mistake (no plan, unknown id): a result it can read
             raise ToolError(str(exc), code="invalid_plan_update") from exc
+        self.context.plan_changed(plan)
+        return plan
 
     def task_complete(self, task_id: str, summary: str) -> dict:
         return self.plan_update([{"id": task_id, "status": "done"}])
 
     def file_changed(self, path: str, op: str) -> None:
-        engine.file_changed(self.session_id, self.token, path, op)
+        engine.file_changed(self.context.writer, path, op)
 
     def capabilities(self) -> dict:
-        return engine.session_capabilities(self.session_id)
+        return engine.session_capabilities(self.context.session_id)
 
     def add_capabilities(self, tools: list[str], toolsets: list[str]) -> dict:
-        return engine.add_selected_capabilities(
-            self.session_id, self.token, tools=tools, toolsets=toolsets, added_by="model"
+        added = engine.add_selected_capabilities(
+            self.context.session_id, self.context.token, tools=tools, toolsets=toolsets, added_by="model"
         )
+        self.context.writer.forget()  # new tools: the next step re-reads them
+        return added
+
+
+class SliceContext:
+    """What a runner slice reads once and reuses step after step: the Session's facts, its
+    model, tools, secrets, policy rules and the request history.
+
+    `refresh` reads (again) at a step boundary: configuration only when its versions changed,
+    history only from the last message it has. Between boundaries, each step's opening commit
+    proves the versions still hold (`RunnerWriter`), so nothing here is re-read per step.
+    """
+
+    def __init__(self, session_id, token):
+        self.session_id, self.token = session_id, token
+        self.writer: engine.RunnerWriter | None = None
+        self.history = engine.RequestHistory()
+        self.session: Session | None = None
+        self.turn_id: int | None = None
+        self.progress = engine.TurnProgress()
+        self.progress_saved = engine.TurnProgress()
+        self.plan: dict | None = None
+        self._configuration_key = None
+        self._system_text = None
+
+    @property
+    def current(self) -> bool:
+        return self.writer is not None and self.writer.current and self.turn_id is not None
+
+    def refresh(self, turn_id: int) -> None:
+        session = Session.objects.select_related("model_config", "tenant").get(pk=self.session_id)
+        tenant_version = session.tenant.config_version
+        if self.writer is None:
+            self.writer = engine.RunnerWriter(self.session_id, self.token, session.tenant_id)
+        self.session = session
+        key = (session.config_version, tenant_version, session.model_config_id)
+        if key != self._configuration_key:
+            self._read_configuration(session)
+            self._configuration_key = key
+        if turn_id != self.turn_id or not self.writer.current:
+            turn = Turn.objects.only("steps", "guard_state").get(pk=turn_id)
+            self.turn_id = turn_id
+            self.progress = engine.TurnProgress(turn.steps, dict(turn.guard_state))
+            self.progress_saved = engine.TurnProgress(turn.steps, dict(turn.guard_state))
+        plan = Plan.objects.filter(session_id=self.session_id).prefetch_related("tasks").first()
+        self.plan = plan.as_dict() if plan is not None else None
+        self.history.catch_up(self.session_id, session.context_start_message_id)
+        self._update_system_prompt()
+        self.writer.observe(
+            last_event_seq=session.last_event_seq,
+            config_version=session.config_version,
+            tenant_config_version=tenant_version,
+        )
+
+    def _read_configuration(self, session: Session) -> None:
+        tenant_id = session.tenant_id
+        self.model = resolve_model(session)
+        capabilities = engine.session_capabilities(session.pk)
+        self.tools = resolve_available(tenant_id, capabilities["tools"], capabilities["toolsets"])
+        self.tool_schemas = [tool.openai_schema() for tool in self.tools.values()]
+        self.tool_schemas_blob_id = engine.prompt_blob(
+            tenant_id, "tool_schemas", json.dumps(self.tool_schemas, sort_keys=True)
+        )
+        self.tools_tokens = estimate_tools_tokens(self.tool_schemas)
+        self.known_tools = tenant_tool_names(tenant_id)
+        self.secrets = tenant_secret_values(tenant_id)
+        self.redactor = Redactor(self.secrets.values())
+        self.policy_rules = approval_policy.tenant_rules(tenant_id)
+        self.tool_context = ToolContext(
+            session_id=str(self.session_id),
+            tenant_id=tenant_id,
+            workspace=engine.workspace_path(session),
+            port=RuntimeSessionPort(self),
+            secrets=self.secrets,
+            sandbox_limits=sandbox_limits_for(tenant_id) if "shell_exec" in self.tools else None,
+        )
+
+    def plan_changed(self, plan: dict) -> None:
+        self.plan = plan
+        self._update_system_prompt()
+
+    def _update_system_prompt(self) -> None:
+        text = engine.system_prompt(self.session, self.plan)
+        if text == self._system_text:
+            return
+        self._system_text = text
+        self.history.set_system(text)
+        self.system_blob_id = engine.prompt_blob(self.session.tenant_id, "system_prompt", text)
+        self.system_tokens = estimate_message_tokens({"content": text})
+
+    def request(self) -> engine.AssembledRequest:
+        history = self.history
+        return engine.AssembledRequest(
+            messages=history.messages,
+            tools=self.tool_schemas,
+            model=self.model,
+            system_prompt_blob_id=self.system_blob_id,
+            tool_schemas_blob_id=self.tool_schemas_blob_id,
+            first_message_id=history.first_id,
+            last_message_id=history.last_id,
+            message_count=history.count,
+            messages_digest=history.digest,
+            fact_versions={
+                "config_version": self.writer.config_version,
+                "tenant_config_version": self.writer.tenant_config_version,
+                "plan_version": (self.plan or {}).get("version", 0),
+                "context_start_message_id": history.context_start_id,
+            },
+            estimated_tokens=self.system_tokens + history.history_tokens + self.tools_tokens,
+        )
+
+    def approval_verdict(self, tool, args: dict, ctx):
+        """ToolService's approval stage, on the rules the slice loaded (the whole Verdict, so a
+        deny carries its rule's reason)."""
+        return approval_policy.evaluate(ctx.tenant_id, policy_facts(tool), args, rules=self.policy_rules)
 
 
 class InterruptWatcher:
-    """Polls the queue for an interrupt while a model call or tool runs, and fires `cancel`.
+    """Polls the queue for an interrupt while the slice works, and fires `cancel`; keeps the
+    lease alive through a long model call or tool.
 
     A thread (not the streaming loop) watches, so a model that sends nothing for a while is
-    still cancelled within the poll interval.
+    still cancelled within the poll interval. One per slice (until it fires).
     """
 
     def __init__(self, session_id, cancel: CancelSignal, heartbeat=None):
         self.session_id, self.cancel, self.heartbeat = session_id, cancel, heartbeat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"interrupt-watch-{session_id}", daemon=True)
-
-    def __enter__(self):
         self._thread.start()
-        return self
 
-    def __exit__(self, *exc):
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
 
@@ -155,217 +282,232 @@ def _signature(name: str, arguments: str) -> str:
 
 
 class AgentService:
-    def __init__(self, session_id, token, cancel: CancelSignal | None = None, heartbeat=None):
-        self.session_id = session_id
-        self.token = token
-        self.cancel = cancel or CancelSignal()
-        self.heartbeat = heartbeat
-        from . import approvals
+    def __init__(self, session_id, token, heartbeat=None):
+        self.session_id, self.token, self.heartbeat = session_id, token, heartbeat
+        self.context = SliceContext(session_id, token)
+        self.cancel = CancelSignal()
+        self._watcher: InterruptWatcher | None = None
+        self.tool_service = ToolService(approval_hook=self.context.approval_verdict)
 
-        self.tool_service = ToolService(approval_hook=approvals.approval_hook)
+    # --- the slice's life -----------------------------------------------------------------------
 
-    def available_tools(self, session: Session) -> dict:
-        """The native defaults plus what the Session's capabilities name, as this tenant allows."""
-        capabilities = engine.session_capabilities(session.pk)
-        return resolve_available(session.tenant_id, capabilities["tools"], capabilities["toolsets"])
+    @property
+    def current(self) -> bool:
+        """True while the slice's context may be used without re-reading (see SliceContext)."""
+        return self.context.current
 
-    def step(self, turn_id: int) -> StepResult:
-        session = Session.objects.get(pk=self.session_id)
-        turn = Turn.objects.get(pk=turn_id)
-        repeats_limit, idle_limit, max_steps = loop_guard_limits()
-        if turn.steps >= max_steps:
-            return self._end(
-                turn_id, TurnReason.BLOCKED, f"loop guard: {max_steps} steps without finishing the task"
-            )
+    def prepare(self, turn_id: int) -> None:
+        """At a step boundary: (re-)read what changed, for the turn `turn_id`."""
+        self.context.refresh(turn_id)
+        self.tool_service.known_tools = self.context.known_tools
 
-        tools = self.available_tools(session)
-        request = engine.assemble_request(self.session_id, [t.openai_schema() for t in tools.values()])
-        call = engine.begin_model_call(self.session_id, self.token, turn_id, request)
-        secrets = tenant_secret_values(session.tenant_id)
-        redactor = Redactor(secrets.values())
+    def invalidate(self) -> None:
+        if self.context.writer is not None:
+            self.context.writer.forget()
+
+    def interrupted(self) -> None:
+        """An interrupt was applied: later steps (a next turn) start with a fresh signal."""
+        self._stop_watching()
+        self.cancel = CancelSignal()
+        self.invalidate()
+
+    def close(self) -> None:
+        """End of the slice: stop watching; keep the turn's step count and loop-guard memory."""
+        self._stop_watching()
+        context = self.context
+        if context.turn_id is None or context.writer is None or context.progress == context.progress_saved:
+            return
+        try:
+            engine.save_progress(context.writer, context.turn_id, context.progress)
+        except engine.LeaseLost:
+            return
+        context.progress_saved = copy.deepcopy(context.progress)
+
+    def _watch(self) -> None:
+        if self._watcher is None:
+            self._watcher = InterruptWatcher(self.session_id, self.cancel, self.heartbeat)
+
+    def _stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+
+    # --- one step -------------------------------------------------------------------------------
+
+    def step(self) -> StepResult:
+        """One step of the prepared turn. Raises StaleSlice (nothing done) when the slice must
+        re-read first."""
+        context = self.context
+        turn_id = context.turn_id
+        _, _, max_steps = loop_guard_limits()
+        if context.progress.steps >= max_steps:
+            return self._end(TurnReason.BLOCKED, f"loop guard: {max_steps} steps without finishing the task")
+
+        request = context.request()
+        call = engine.begin_model_call(context.writer, turn_id, request)
+        context.progress.steps += 1
+        redactor = context.redactor
         coalescer = DeltaCoalescer(self.session_id, call.pk, redactor)
         started = time.monotonic()
+        self._watch()
         try:
-            with InterruptWatcher(self.session_id, self.cancel, self.heartbeat):
-                result = provider_for(request.model).complete(
-                    request.messages, request.tools, purpose="agent", on_delta=coalescer, cancel=self.cancel
-                )
+            result = provider_for(request.model).complete(
+                request.messages, request.tools, purpose="agent", on_delta=coalescer, cancel=self.cancel
+            )
         except Cancelled:
             coalescer.flush(final=True)
             engine.end_model_call(
-                self.session_id,
-                self.token,
+                context.writer,
                 call,
-                finish_reason="cancelled",
-                usage={},
-                attempts=1,
-                attempt_errors=[],
-                latency_ms=_ms(started),
-                error="interrupted by the user",
+                engine.CallOutcome("cancelled", {}, 1, [], _ms(started), error="interrupted by the user"),
             )
-            return StepResult()  # the runner applies the queued interrupt next
+            self.invalidate()  # the runner applies the queued interrupt next
+            return StepResult()
         except ModelCallFailed as exc:
             coalescer.flush(final=True)
             engine.end_model_call(
-                self.session_id,
-                self.token,
+                context.writer,
                 call,
-                finish_reason="error",
-                usage={},
-                attempts=exc.attempts,
-                attempt_errors=exc.attempt_errors,
-                latency_ms=_ms(started),
-                error=str(exc),
+                engine.CallOutcome(
+                    "error", {}, exc.attempts, exc.attempt_errors, _ms(started), error=str(exc)
+                ),
             )
-            return self._end(turn_id, TurnReason.ERROR, f"model call failed: {exc}")
+            return self._end(TurnReason.ERROR, f"model call failed: {exc}")
         coalescer.flush(final=True)
-        engine.end_model_call(
-            self.session_id,
-            self.token,
-            call,
-            finish_reason=result.finish_reason,
-            usage=result.usage,
-            attempts=result.attempts,
-            attempt_errors=result.attempt_errors,
-            latency_ms=_ms(started),
+        outcome = engine.CallOutcome(
+            result.finish_reason, result.usage, result.attempts, result.attempt_errors, _ms(started)
         )
 
         # What the model says is stored and shown redacted (a user may have pasted a secret);
         # the calls themselves run with the arguments as sent.
         text = redactor.redact(result.text)
-        stored_calls = [{**c, "arguments": redactor.redact(c["arguments"])} for c in result.tool_calls]
-        if result.finish_reason == "length":
+        if result.finish_reason == "length" or not result.tool_calls:
             # A truncated response may hold a half-written tool call: nothing from it runs.
-            engine.commit_assistant_message(self.session_id, self.token, turn_id, text, [])
-            dropped = (
-                f"; {len(result.tool_calls)} unfinished tool call(s) not executed"
-                if result.tool_calls
-                else ""
-            )
-            return self._end(turn_id, TurnReason.MAX_TOKENS, f"the model hit its output limit{dropped}")
-        if not result.tool_calls:
-            engine.commit_assistant_message(self.session_id, self.token, turn_id, text, [])
-            return self._end(turn_id, TurnReason.COMPLETED)
+            self._commit_answer(call, outcome, text, [])
+            if result.finish_reason == "length":
+                dropped = (
+                    f"; {len(result.tool_calls)} unfinished tool call(s) not executed"
+                    if result.tool_calls
+                    else ""
+                )
+                return self._end(TurnReason.MAX_TOKENS, f"the model hit its output limit{dropped}")
+            return self._end(TurnReason.COMPLETED)
 
-        assistant = engine.commit_assistant_message(self.session_id, self.token, turn_id, text, stored_calls)
-        for call_spec in result.tool_calls:
-            engine.announce_tool_started(
-                self.session_id,
-                self.token,
-                call_spec["id"],
-                call_spec["name"],
-                redactor.redact_data(_display_arguments(call_spec["arguments"])),
-                turn_id=turn_id,
-            )
-        return self._run_calls(session, turn, assistant.pk, result.tool_calls, tools, secrets, redactor)
+        stored_calls = [{**c, "arguments": redactor.redact(c["arguments"])} for c in result.tool_calls]
+        announced = [
+            {
+                "call_id": c["id"],
+                "tool": c["name"],
+                "arguments": redactor.redact_data(_display_arguments(c["arguments"])),
+            }
+            for c in result.tool_calls
+        ]
+        assistant = self._commit_answer(call, outcome, text, stored_calls, announced)
+        return self._run_calls(assistant.pk, result.tool_calls)
 
-    def resume(self, turn_id: int, approval) -> StepResult:
+    def _commit_answer(self, call, outcome, text, stored_calls, announced=()) -> Message:
+        context = self.context
+        message = engine.end_model_call(
+            context.writer,
+            call,
+            outcome,
+            turn_id=context.turn_id,
+            answer=(text, stored_calls),
+            announced=list(announced),
+        )
+        context.history.add(message)
+        return message
+
+    def resume(self, approval) -> StepResult:
         """Continue a turn parked on `approval` once it is decided: run the original call exactly once
         (approved) or commit the rejection as its result, then the calls that waited behind it."""
         from approvals_app import actions as approval_actions
         from approvals_app.choices import ApprovalStatus
 
-        from . import approvals
-
-        session = Session.objects.get(pk=self.session_id)
-        turn = Turn.objects.get(pk=turn_id)
-        tools = self.available_tools(session)
-        secrets = tenant_secret_values(session.tenant_id)
-        redactor = Redactor(secrets.values())
+        context = self.context
         spec = approvals._call_spec(approval, approval.call_id)
         if approval.status == ApprovalStatus.APPROVED:
             if approval_actions.claim_execution(approval):
-                ctx = self._context(session, tools, secrets)
                 outcome = self.tool_service.execute(
-                    approval.call_id, spec["name"], json.dumps(approval.arguments), ctx, tools, approved=True
+                    approval.call_id,
+                    spec["name"],
+                    json.dumps(approval.arguments),
+                    context.tool_context,
+                    context.tools,
+                    approved=True,
                 )
-                self._commit_outcome(turn_id, spec, outcome, redactor)
-                approval_actions.record_execution(approval, redactor.redact(outcome.summary))
+                self._commit_outcome(spec, outcome)
+                approval_actions.record_execution(approval, context.redactor.redact(outcome.summary))
             elif not Message.objects.filter(
-                session=session, role="tool", tool_call_id=approval.call_id
+                session_id=self.session_id, role="tool", tool_call_id=approval.call_id
             ).exists():
                 # Claimed by a runner that died before committing: never blindly re-run (§6).
-                engine.commit_tool_result(
-                    self.session_id,
-                    self.token,
-                    turn_id,
-                    call_id=approval.call_id,
-                    tool=spec["name"],
-                    content="Interrupted: the approved call was started but its result was not recorded; "
+                self._commit_result(
+                    approval.call_id,
+                    spec["name"],
+                    "Interrupted: the approved call was started but its result was not recorded; "
                     "it was not run again.",
                     ok=False,
                     summary="interrupted",
                 )
         else:
-            engine.commit_tool_result(
-                self.session_id,
-                self.token,
-                turn_id,
-                call_id=approval.call_id,
-                tool=spec["name"],
-                content=approvals.rejection_text(approval),
+            self._commit_result(
+                approval.call_id,
+                spec["name"],
+                approvals.rejection_text(approval),
                 ok=False,
                 summary=f"{approval.status} by a person",
             )
             approvals.mark_handled(approval)
         remaining = [approvals._call_spec(approval, call_id) for call_id in approval.remaining_call_ids]
         if remaining:
-            return self._run_calls(
-                session, turn, approval.assistant_message_id, remaining, tools, secrets, redactor
-            )
+            return self._run_calls(approval.assistant_message_id, remaining)
         return StepResult()
 
-    def _context(self, session, tools, secrets) -> ToolContext:
-        return ToolContext(
-            session_id=str(self.session_id),
-            tenant_id=session.tenant_id,
-            workspace=engine.workspace_path(session),
-            port=RuntimeSessionPort(self.session_id, self.token),
-            secrets=secrets,
-            sandbox_limits=sandbox_limits_for(session.tenant_id) if "shell_exec" in tools else None,
+    def _commit_result(self, call_id, tool, content, *, ok, summary, source=None) -> None:
+        context = self.context
+        message = engine.commit_tool_result(
+            context.writer,
+            context.turn_id,
+            call_id=call_id,
+            tool=tool,
+            content=content,
+            ok=ok,
+            summary=summary,
+            source=source,
         )
+        context.history.add(message)
 
-    def _commit_outcome(self, turn_id, call_spec, outcome, redactor) -> None:
+    def _commit_outcome(self, call_spec, outcome) -> None:
         # Redaction is the last stage before anything is committed, shown or sent to the model.
-        engine.commit_tool_result(
-            self.session_id,
-            self.token,
-            turn_id,
-            call_id=call_spec["id"],
-            tool=call_spec["name"],
-            content=redactor.redact(outcome.content),
+        redactor = self.context.redactor
+        self._commit_result(
+            call_spec["id"],
+            call_spec["name"],
+            redactor.redact(outcome.content),
             ok=outcome.ok,
             summary=redactor.redact(outcome.summary),
             source=_source(outcome),
         )
 
-    def _run_calls(
-        self, session, turn, assistant_message_id, call_specs, tools, secrets, redactor
-    ) -> StepResult:
+    def _run_calls(self, assistant_message_id, call_specs) -> StepResult:
         """Run calls of one response in model order; a call needing approval parks the turn."""
-        from . import approvals
-
+        context = self.context
         repeats_limit, idle_limit, _ = loop_guard_limits()
-        turn_id = turn.pk
-        guard = dict(turn.guard_state)
+        guard = context.progress.guard_state
         progressed = False
-        ctx = self._context(session, tools, secrets)
-        self.tool_service.known_tools = tenant_tool_names(session.tenant_id)
         # Consecutive read-only calls run in parallel; results still commit in model order.
         outcomes = self.tool_service.execute_batch(
-            [(c["id"], c["name"], c["arguments"]) for c in call_specs], ctx, tools
+            [(c["id"], c["name"], c["arguments"]) for c in call_specs], context.tool_context, context.tools
         )
         for index, call_spec in enumerate(call_specs):
-            if self.cancel.is_set() or engine.queued_inputs(self.session_id, [InputKind.INTERRUPT]).exists():
+            if self.cancel.is_set():
                 outcomes.close()  # calls not yet started never start
                 # Every tool call in history keeps a result, so the next request stays valid.
-                engine.commit_tool_result(
-                    self.session_id,
-                    self.token,
-                    turn_id,
-                    call_id=call_spec["id"],
-                    tool=call_spec["name"],
-                    content="Not run: the user interrupted the turn.",
+                self._commit_result(
+                    call_spec["id"],
+                    call_spec["name"],
+                    "Not run: the user interrupted the turn.",
                     ok=False,
                     summary="cancelled by interrupt",
                 )
@@ -376,17 +518,18 @@ class AgentService:
                 approvals.suspend(
                     self.session_id,
                     self.token,
-                    turn_id=turn_id,
+                    turn_id=context.turn_id,
                     assistant_message_id=assistant_message_id,
                     tool=required.tool,
                     call_id=call_spec["id"],
                     arguments=required.arguments,
                     remaining_call_ids=[c["id"] for c in call_specs[index + 1 :]],
-                    redactor=redactor,
+                    redactor=context.redactor,
                     verdict=required.verdict,
                 )
+                self.invalidate()
                 return StepResult(suspended=True)
-            self._commit_outcome(turn_id, call_spec, outcome, redactor)
+            self._commit_outcome(call_spec, outcome)
             if outcome.ok:
                 progressed = True
                 guard["repeats"] = 0
@@ -397,24 +540,28 @@ class AgentService:
                     guard.get("repeats", 0) + 1 if guard.get("failure_signature") == signature else 1
                 )
                 guard["failure_signature"] = signature
+        if self.cancel.is_set():
+            self.invalidate()  # the runner applies the queued interrupt next
         guard["idle_rounds"] = 0 if progressed else guard.get("idle_rounds", 0) + 1
-        engine.record_step(self.session_id, self.token, turn_id, guard)
         if guard.get("repeats", 0) >= repeats_limit:
             return self._end(
-                turn_id,
                 TurnReason.BLOCKED,
                 f"loop guard: the same failing tool call was repeated {guard['repeats']} times",
             )
         if guard["idle_rounds"] >= idle_limit:
             return self._end(
-                turn_id,
                 TurnReason.BLOCKED,
                 f"loop guard: {guard['idle_rounds']} rounds of tool calls without progress",
             )
         return StepResult()
 
-    def _end(self, turn_id: int, reason: str, detail: str = "") -> StepResult:
-        engine.finish_turn(self.session_id, self.token, turn_id, reason, detail)
+    def _end(self, reason: str, detail: str = "") -> StepResult:
+        context = self.context
+        engine.finish_turn(
+            self.session_id, self.token, context.turn_id, reason, detail, progress=context.progress
+        )
+        context.progress_saved = copy.deepcopy(context.progress)
+        self.invalidate()
         return StepResult(ended=reason, detail=detail)
 
 

@@ -226,7 +226,7 @@ def take_decision(session_id, token) -> tuple[PendingApproval | None, int]:
         decisions = list(engine.queued_inputs(session.pk, [InputKind.APPROVAL_DECISION]))
         if not decisions:
             return None, 0
-        engine._consume(decisions, session.current_turn)
+        engine.consume_inputs(decisions, session.current_turn)
         approval = _waiting_approval(session.pk)
         if approval is None or approval.status == ApprovalStatus.PENDING:
             return None, len(decisions)
@@ -252,20 +252,14 @@ def cancel_waiting(session: Session) -> None:
         pass
     for call_id in [approval.call_id, *approval.remaining_call_ids]:
         if not Message.objects.filter(session_id=session.pk, role=Role.TOOL, tool_call_id=call_id).exists():
-            spec = _call_spec(approval, call_id)
-            emit(
+            engine.record_tool_result(
                 session,
-                "tool.ended",
-                {"call_id": call_id, "tool": spec["name"], "ok": False, "summary": "cancelled by interrupt"},
-            )
-            engine._append_message(
-                session,
-                session.current_turn,
-                Role.TOOL,
-                "Not run: the user interrupted the turn while it waited for approval.",
-                tool_call_id=call_id,
-                tool_name=spec["name"],
-                is_error=True,
+                session.current_turn_id,
+                call_id=call_id,
+                tool=_call_spec(approval, call_id)["name"],
+                content="Not run: the user interrupted the turn while it waited for approval.",
+                ok=False,
+                summary="cancelled by interrupt",
             )
     PendingApproval.objects.filter(pk=approval.pk).update(executed_at=timezone.now())
 

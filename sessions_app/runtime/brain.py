@@ -14,6 +14,7 @@ import logging
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
@@ -24,11 +25,10 @@ from ..choices import InputKind, SessionStatus, TurnReason
 from ..models import RunnerSlice, Session
 from . import approvals, engine
 from .agent import AgentService
-from .llm.base import CancelSignal
 
 logger = logging.getLogger(__name__)
 
-LEASE_S = 60
+LEASE_S = engine.LEASE_S
 SLICE_MAX_STEPS = 8
 SLICE_MAX_SECONDS = 30.0
 TURN_STARTING_KINDS = (InputKind.MESSAGE, InputKind.GUIDANCE)
@@ -122,6 +122,13 @@ def release(session_id, token, *, keep_if_work: bool = True) -> bool:
 # --- the runner ----------------------------------------------------------------------------------------
 
 
+@dataclass
+class Progress:
+    steps: int = 0  # model steps taken
+    consumed: int = 0  # inputs consumed
+    again: bool = False  # nothing done, but look again at once (the slice must re-read first)
+
+
 def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = SLICE_MAX_SECONDS) -> str:
     """One bounded slice of work for one Session. Returns what happened (for logs and tests)."""
     if not Session.objects.filter(pk=session_id).exists():
@@ -137,6 +144,7 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
         worker=socket.gethostname(),
         started_at=timezone.now(),
     )
+    agent = AgentService(session_id, token, heartbeat=lambda: heartbeat(session_id, token))
     steps = consumed = 0
     outcome = "released"
     deadline = time.monotonic() + max_seconds
@@ -145,14 +153,17 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
         engine.close_dangling_calls(session_id, token)
         while True:
             if steps >= max_steps or time.monotonic() >= deadline:
+                agent.close()
                 release(session_id, token, keep_if_work=False)
                 outcome = "yielded"
                 break
-            heartbeat(session_id, token)
-            did, used = _advance(session_id, token)
-            steps += did
-            consumed += used
-            if not did and not used and not release(session_id, token):
+            progress = _advance(agent)
+            steps += progress.steps
+            consumed += progress.consumed
+            if progress.steps or progress.consumed or progress.again:
+                continue
+            agent.close()
+            if not release(session_id, token):
                 break
     except engine.LeaseLost:
         outcome = "lease_lost"
@@ -161,6 +172,7 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
         outcome = "error"
         _fail_open_turn(session_id, token, exc)
     finally:
+        agent.close()
         RunnerSlice.objects.filter(pk=audit.pk).update(
             ended_at=timezone.now(), steps=steps, inputs_consumed=consumed, outcome=outcome
         )
@@ -169,33 +181,52 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
     return outcome
 
 
-def _advance(session_id, token) -> tuple[int, int]:
-    """Do the next unit of work. Returns (model steps taken, inputs consumed)."""
+def _advance(agent: AgentService) -> Progress:
+    """Do the next unit of work. While the slice's context is current this is one step and
+    nothing else; at a step boundary (the first step, after an input, a turn's end or a change
+    elsewhere) the queue and the Session are looked at first."""
+    if agent.current:
+        try:
+            return Progress(steps=_step(agent))
+        except engine.StaleSlice:
+            return Progress(again=True)
+    session_id, token = agent.session_id, agent.token
+    heartbeat(session_id, token)
     if engine.consume_interrupts(session_id, token, on_parked=approvals.cancel_waiting):
-        return 0, 1
+        agent.interrupted()
+        return Progress(consumed=1)
     session = Session.objects.only("current_turn_id", "status").get(pk=session_id)
     if session.current_turn_id is not None:
         if session.status == SessionStatus.WAITING_APPROVAL:
             approval, consumed = approvals.take_decision(session_id, token)
             if approval is None:
-                return 0, consumed
-            AgentService(
-                session_id, token, CancelSignal(), heartbeat=lambda: heartbeat(session_id, token)
-            ).resume(session.current_turn_id, approval)
-            return 1, consumed
+                return Progress(consumed=consumed)
+            agent.prepare(session.current_turn_id)
+            agent.resume(approval)
+            agent.invalidate()
+            return Progress(steps=1, consumed=consumed)
         if session.status not in (SessionStatus.RUNNING, SessionStatus.PREPARING):
-            return 0, 0  # parked: new messages wait until the turn ends
+            return Progress()  # parked: new messages wait until the turn ends
+        # Wake flags are cleared before the queue is read: an input committed after this is
+        # either read below or flags the next step's opening commit.
+        Session.objects.filter(pk=session_id, wake_requested=True).update(wake_requested=False)
         consumed = len(engine.consume_guidance(session_id, token, session.current_turn_id))
-        AgentService(session_id, token, CancelSignal(), heartbeat=lambda: heartbeat(session_id, token)).step(
-            session.current_turn_id
-        )
-        return 1, consumed
+        agent.prepare(session.current_turn_id)
+        try:
+            return Progress(steps=_step(agent), consumed=consumed)
+        except engine.StaleSlice:
+            return Progress(consumed=consumed, again=True)
     next_input = engine.queued_inputs(session_id, TURN_STARTING_KINDS).first()
     if next_input is None:
         # Anything else still queued (e.g. a decision for a future approval) stays for its owner.
-        return 0, 0
+        return Progress()
     engine.start_turn(session_id, token, next_input)
-    return 0, 1
+    return Progress(consumed=1)
+
+
+def _step(agent: AgentService) -> int:
+    agent.step()
+    return 1
 
 
 def _fail_open_turn(session_id, token, exc: Exception) -> None:

@@ -29,12 +29,13 @@ def test_step_overhead_and_queries_by_history_length(
     token = brain.acquire(session.pk)
     turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
     agent = AgentService(session.pk, token)
+    agent.prepare(turn.pk)
     queries, millis = {}, {}
     for step in range(1, STEPS + 1):
         started = time.perf_counter()
         connection.queries_log.clear()  # the log is capped at 9000 entries
         with CaptureQueriesContext(connection) as captured:
-            agent.step(turn.pk)
+            agent.step()
         millis[step] = (time.perf_counter() - started) * 1000
         queries[step] = len(captured)
         if step == STEPS:

@@ -43,3 +43,13 @@ def assert_tool_pairs(session):
             ids = [c["id"] for c in message.tool_calls]
             results = [m.tool_call_id for m in history[index + 1 : index + 1 + len(ids)]]
             assert results == ids, f"message {message.pk}: calls {ids} answered by {results}"
+
+
+def commit_calls(session, token, turn, calls, text=""):
+    """An assistant message with tool calls, committed as a runner would (for crash set-ups)."""
+    with engine.locked_session(session.pk, token) as locked:
+        return engine.append_message(locked, turn.pk, "assistant", text, tool_calls=calls)
+
+
+def writer_for(session, token):
+    return engine.RunnerWriter(session.pk, token, session.tenant_id)

@@ -198,21 +198,34 @@ def test_inputs_are_consumed_once_in_order_by_one_runner_at_a_time(session, mode
         assert earlier.ended_at <= later.started_at
 
 
-def test_queries_per_step_do_not_grow_with_history(session, model_server, settings):
+def test_queries_per_step_are_few_and_do_not_grow_with_history(session, model_server, settings):
+    """Issue #10: a step of a current slice is its three commits (begin, end, one per tool call)
+    and nothing else, the same at step 5 and step 300 (history is read once per slice)."""
     settings.XAGENT_MAX_STEPS_PER_TURN = 1000
     model_server.default("agent", lambda request: tool_reply([tool_call("fs_list", {})]))
     send(session, "list forever")
     token = brain.acquire(session.pk)
     turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
     agent = AgentService(session.pk, token)
-    counts = {}
-    for step in range(1, 201):
-        connection.queries_log.clear()  # the log is capped at 9000 entries
-        with CaptureQueriesContext(connection) as queries:
-            agent.step(turn.pk)
-        counts[step] = len(queries)
-    assert Message.objects.filter(session=session).count() == 401
-    assert counts[5] == counts[200], counts
+    agent.prepare(turn.pk)
+    counts, commits = {}, {}
+    try:
+        for step in range(1, 301):
+            assert agent.current
+            connection.queries_log.clear()  # the log is capped at 9000 entries
+            with CaptureQueriesContext(connection) as queries:
+                agent.step()
+            sql = [q["sql"] for q in queries.captured_queries]
+            commits[step] = sum(s == "COMMIT" for s in sql)
+            # Statements that read or write rows (SQLite also logs BEGIN and COMMIT; PostgreSQL not).
+            counts[step] = sum(not s.startswith(("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")) for s in sql)
+    finally:
+        agent.close()
+    assert Message.objects.filter(session=session).count() == 601
+    assert counts[5] == counts[300] <= 12, counts
+    if connection.vendor == "sqlite":
+        assert commits[5] == commits[300] == 3, commits
+    assert ModelCall.objects.filter(session=session).last().message_count == 599
 
 
 def test_a_config_change_mid_call_applies_from_the_next_request_only(session, model_server, model_config_a):

@@ -3,11 +3,11 @@ dangling call `interrupted`, never runs it again, and the next request is valid.
 
 import json
 
-from sessions_app.models import Message, SessionEvent, Turn
+from sessions_app.models import Message, Session, SessionEvent, Turn
 from sessions_app.runtime import brain, engine
 from tests.support.model_server import text_reply
 
-from .helpers import assert_tool_pairs, drive_until_idle, new_session, send
+from .helpers import assert_tool_pairs, commit_calls, drive_until_idle, new_session, send, writer_for
 
 
 def test_a_call_left_without_a_result_is_closed_interrupted_and_not_rerun(
@@ -21,10 +21,9 @@ def test_a_call_left_without_a_result_is_closed_interrupted_and_not_rerun(
         {"id": "c1", "name": "fs_write", "arguments": json.dumps({"path": "a.txt", "content": "a"})},
         {"id": "c2", "name": "fs_write", "arguments": json.dumps({"path": "b.txt", "content": "b"})},
     ]
-    engine.commit_assistant_message(session.pk, token, turn.pk, "", calls)
+    commit_calls(session, token, turn, calls)
     engine.commit_tool_result(
-        session.pk,
-        token,
+        writer_for(session, token),
         turn.pk,
         call_id="c1",
         tool="fs_write",
@@ -33,7 +32,7 @@ def test_a_call_left_without_a_result_is_closed_interrupted_and_not_rerun(
         summary="ok",
     )
     # The worker dies here: c2 has no result, and its lease lapses.
-    engine.Session.objects.filter(pk=session.pk).update(runner_token=None, lease_expires_at=None)
+    Session.objects.filter(pk=session.pk).update(runner_token=None, lease_expires_at=None)
     model_server.script("agent", text_reply("b.txt may not exist; I will not assume it does."))
 
     drive_until_idle(session)
@@ -60,9 +59,7 @@ def test_a_turn_parked_on_an_approval_keeps_its_waiting_call(tenant_a, owner_a):
     send(session, "x")
     token = brain.acquire(session.pk)
     turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
-    engine.commit_assistant_message(
-        session.pk, token, turn.pk, "", [{"id": "c9", "name": "fs_delete_files", "arguments": "{}"}]
-    )
+    commit_calls(session, token, turn, [{"id": "c9", "name": "fs_delete_files", "arguments": "{}"}])
     with engine.locked_session(session.pk, token) as locked:
         engine.set_status(locked, "waiting_approval")
 

@@ -1,16 +1,17 @@
-"""Seams of one step (issue #10, first part): the lease fences the step count, and one OpenAI
-client per endpoint and key is reused across steps."""
+"""Seams of one step (issue #10): every runner write is fenced by the lease, a step opens only
+when nothing the slice cached changed, and one OpenAI client per endpoint and key is reused."""
 
 import uuid
 
 import pytest
 
-from sessions_app.models import Session, Turn
+from sessions_app.models import Message, ModelCall, Session, Turn
 from sessions_app.runtime import brain, engine
+from sessions_app.runtime.agent import AgentService
 from sessions_app.runtime.llm.config import OPENAI_PROVIDER, EffectiveModel
 from sessions_app.runtime.llm.openai_provider import OpenAIChatProvider, client_for
 
-from .helpers import new_session
+from .helpers import assert_gap_free, new_session, send, writer_for
 
 
 def model(**changes) -> EffectiveModel:
@@ -33,15 +34,50 @@ def test_a_model_configuration_reuses_one_client():
 
 
 @pytest.mark.django_db
-def test_a_step_count_from_a_lost_lease_is_refused(tenant_a, owner_a):
+def test_a_runner_write_from_a_lost_lease_is_refused_and_leaves_nothing(tenant_a, owner_a):
     session = new_session(tenant_a, owner_a)
     token = brain.acquire(session.pk)
     turn = Turn.objects.create(tenant=tenant_a, session=session, number=1)
+    writer = writer_for(session, token)
+    engine.commit_tool_result(
+        writer, turn.pk, call_id="c1", tool="fs_list", content="x", ok=True, summary="x"
+    )
 
-    engine.record_step(session.pk, token, turn.pk, {"idle_rounds": 1})
     Session.objects.filter(pk=session.pk).update(runner_token=uuid.uuid4())  # another runner took over
     with pytest.raises(engine.LeaseLost):
-        engine.record_step(session.pk, token, turn.pk, {"idle_rounds": 2})
+        engine.commit_tool_result(
+            writer, turn.pk, call_id="c2", tool="fs_list", content="y", ok=True, summary="y"
+        )
 
-    turn.refresh_from_db()
-    assert turn.steps == 1 and turn.guard_state == {"idle_rounds": 1}
+    assert list(Message.objects.filter(session=session).values_list("tool_call_id", flat=True)) == ["c1"]
+    assert_gap_free(session)
+
+
+@pytest.mark.django_db
+def test_a_step_does_not_open_when_an_input_waits_and_events_from_elsewhere_keep_seq_gap_free(
+    tenant_a, owner_a, django_capture_on_commit_callbacks
+):
+    session = new_session(tenant_a, owner_a)
+    send(session, "start")
+    token = brain.acquire(session.pk)
+    turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
+    agent = AgentService(session.pk, token)
+    agent.prepare(turn.pk)
+    assert agent.current
+
+    # A person's upload while the turn runs: an event from elsewhere, not a reason to re-read.
+    engine.record_person_file_change(session.pk, "notes.txt", "created", owner_a)
+    engine.commit_tool_result(
+        agent.context.writer, turn.pk, call_id="c1", tool="fs_list", content="x", ok=True, summary="x"
+    )
+    assert agent.current
+
+    # An input waits (its wake flags the live runner): the next step's opening commit refuses.
+    with django_capture_on_commit_callbacks(execute=True):
+        brain.submit_input(session, kind="guidance", text="also count rows")
+    calls_before = ModelCall.objects.count()
+    with pytest.raises(engine.StaleSlice):
+        engine.begin_model_call(agent.context.writer, turn.pk, agent.context.request())
+    assert ModelCall.objects.count() == calls_before
+    assert not agent.current
+    assert_gap_free(session)

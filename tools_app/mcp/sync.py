@@ -22,6 +22,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from tenancy_app.versioning import bump as bump_config_version
 from tools_app.models import MCPServer, Readiness, Risk, Tool, ToolSource
 from tools_app.net import OutboundRefused, check_url
 from tools_app.secrets import tenant_secret_values
@@ -185,6 +186,7 @@ def record_server_error(server: MCPServer, message: str, *, tools_unavailable: b
             Tool.objects.filter(mcp_server_id=server.pk).exclude(
                 readiness=Readiness.UNAVAILABLE, readiness_reason=reason
             ).update(readiness=Readiness.UNAVAILABLE, readiness_reason=reason, updated_at=timezone.now())
+            bump_config_version(server.tenant_id)  # a bulk update sends no signal
     server.status, server.last_error = MCPServer.Status.ERROR, message
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,3 +65,31 @@ class CancelSignal:
 
     def wait(self, timeout: float) -> bool:
         return self._event.wait(timeout)
+
+
+class EncodedMessages(list):
+    """A request's messages (wire dicts, so any provider can iterate them) that also keep each
+    message's JSON encoding, made once when it joined the slice's history: an HTTP provider
+    splices them into the body instead of re-encoding the whole history every step."""
+
+    def __init__(self):
+        super().__init__()
+        self._encoded: list[str] = []
+
+    def append_encoded(self, wire: dict, encoded: str) -> None:
+        super().append(wire)
+        self._encoded.append(encoded)
+
+    def set_first(self, wire: dict) -> None:
+        encoded = json.dumps(wire, ensure_ascii=False)
+        if self:
+            self[0], self._encoded[0] = wire, encoded
+        else:
+            self.append_encoded(wire, encoded)
+
+    def truncate(self, keep: int) -> None:
+        del self[keep:]
+        del self._encoded[keep:]
+
+    def json_array(self) -> str:
+        return "[" + ",".join(self._encoded) + "]"

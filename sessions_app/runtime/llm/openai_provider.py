@@ -7,16 +7,20 @@ once (no retries) with a message naming the rule.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import openai
+from openai import Stream
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from tools_app.net import guarded_transport, refusal_in
 
-from .base import Cancelled, CancelSignal, ModelCallFailed, ModelResult
+from .base import Cancelled, CancelSignal, EncodedMessages, ModelCallFailed, ModelResult
 from .config import EffectiveModel
 
 logger = logging.getLogger(__name__)
@@ -70,6 +74,33 @@ def client_for(model: EffectiveModel) -> openai.OpenAI:
         return client
 
 
+def uses_max_completion_tokens(model: EffectiveModel) -> bool:
+    """OpenAI's own API takes `max_completion_tokens` (its reasoning models refuse `max_tokens`);
+    OpenAI-compatible servers (vLLM, Ollama, LiteLLM, …) all take `max_tokens`, not all the other."""
+    host = urlsplit(model.base_url).hostname if model.base_url else "api.openai.com"
+    return host == "api.openai.com"
+
+
+def request_body(model: EffectiveModel, messages: list[dict], tools: list[dict]) -> bytes:
+    """The Chat Completions body, with the history spliced in from the messages' own encodings
+    when they carry them (EncodedMessages) instead of encoding it again."""
+    params = {"model": model.model, "stream": True, "stream_options": {"include_usage": True}}
+    params["max_completion_tokens" if uses_max_completion_tokens(model) else "max_tokens"] = (
+        model.max_output_tokens
+    )
+    if model.temperature is not None:
+        params["temperature"] = model.temperature
+    if tools:
+        params["tools"] = tools
+    encoded = (
+        messages.json_array()
+        if isinstance(messages, EncodedMessages)
+        else json.dumps(messages, ensure_ascii=False)
+    )
+    head = json.dumps(params, ensure_ascii=False)
+    return f'{head[:-1]}, "messages": {encoded}}}'.encode()
+
+
 class OpenAIChatProvider:
     def __init__(self, model: EffectiveModel):
         self.model = model
@@ -111,19 +142,18 @@ class OpenAIChatProvider:
         raise AssertionError("unreachable")
 
     def _stream_once(self, messages, tools, purpose, on_delta, cancel) -> ModelResult:
-        kwargs = {
-            "model": self.model.model,
-            "messages": messages,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "max_tokens": self.model.max_output_tokens,
-            "extra_headers": {"X-XAgent-Call": purpose},
-        }
-        if tools:
-            kwargs["tools"] = tools
-        if self.model.temperature is not None:
-            kwargs["temperature"] = self.model.temperature
-        stream = self.client.chat.completions.create(**kwargs)
+        # The body goes through the SDK's own request path (its client, auth, headers, errors
+        # and streaming parser) already encoded: `chat.completions.create` would walk and
+        # re-validate the whole history on every call, the largest cost of a step, growing
+        # with history. Our messages are wire dicts we built ourselves.
+        stream = self.client.post(
+            "/chat/completions",
+            cast_to=ChatCompletion,
+            content=request_body(self.model, messages, tools),
+            options={"headers": {"Content-Type": "application/json", "X-XAgent-Call": purpose}},
+            stream=True,
+            stream_cls=Stream[ChatCompletionChunk],
+        )
         # Interrupt closes the HTTP response from the watcher thread, which ends the read loop.
         unregister = cancel.on_cancel(stream.close) if cancel is not None else (lambda: None)
         result = ModelResult()

@@ -9,12 +9,13 @@ def estimate_text_tokens(text: str) -> int:
     return (len(text) + 3) // 4
 
 
-def estimate_request_tokens(messages: list[dict], tools: list[dict]) -> int:
-    total = 0
-    for message in messages:
-        total += 4 + estimate_text_tokens(message.get("content") or "")
-        for call in message.get("tool_calls") or []:
-            total += 4 + estimate_text_tokens(call["function"]["name"] + call["function"]["arguments"])
-    if tools:
-        total += estimate_text_tokens(json.dumps(tools))
+def estimate_message_tokens(wire: dict) -> int:
+    """One wire message's estimate: made once, when the message is committed."""
+    total = 4 + estimate_text_tokens(wire.get("content") or "")
+    for call in wire.get("tool_calls") or []:
+        total += 4 + estimate_text_tokens(call["function"]["name"] + call["function"]["arguments"])
     return total
+
+
+def estimate_tools_tokens(tools: list[dict]) -> int:
+    return estimate_text_tokens(json.dumps(tools)) if tools else 0

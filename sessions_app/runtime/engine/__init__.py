@@ -1,0 +1,112 @@
+"""SessionEngine: owner of the input queue, goals, status, history, turns, evidence and
+context assembly (ARCHITECTURE §1). It never calls the model.
+
+One facade over a small package, split by fact:
+- `fencing`: how every change is committed (the Session row lock, the runner's fenced commits);
+- `sessions`: Sessions, capabilities and the input queue;
+- `turns`: turns and the Session status;
+- `history`: messages, their wire form, the slice's request history, tool results;
+- `plan`: facts tools change (plan, file changes) and a person's file changes;
+- `context`: the system prompt, the assembled request and the model-call record.
+"""
+
+from .context import (
+    BASE_SYSTEM_PROMPT,
+    AssembledRequest,
+    CallOutcome,
+    begin_model_call,
+    end_model_call,
+    prompt_blob,
+    system_prompt,
+)
+from .fencing import LEASE_S, LeaseLost, RunnerWriter, StaleSlice, locked_session
+from .history import (
+    GUIDANCE_FRAME,
+    INTERRUPTED_CALL_TEXT,
+    RequestHistory,
+    append_message,
+    close_dangling_calls,
+    commit_tool_result,
+    record_tool_result,
+    stored_calls,
+    wire_message,
+    without_nul,
+)
+from .plan import file_changed, plan_create, plan_update, record_person_file_change
+from .sessions import (
+    InvalidInput,
+    add_selected_capabilities,
+    archive_session,
+    consume_inputs,
+    create_session,
+    enqueue_input,
+    has_pending_work,
+    queued_inputs,
+    session_capabilities,
+    update_session,
+    workspace_dir,
+    workspace_path,
+)
+from .turns import (
+    STATUS_AFTER_TURN,
+    TurnProgress,
+    consume_guidance,
+    consume_interrupts,
+    end_turn,
+    finish_turn,
+    input_text,
+    save_progress,
+    set_status,
+    start_turn,
+)
+
+__all__ = [
+    "BASE_SYSTEM_PROMPT",
+    "GUIDANCE_FRAME",
+    "INTERRUPTED_CALL_TEXT",
+    "LEASE_S",
+    "STATUS_AFTER_TURN",
+    "AssembledRequest",
+    "CallOutcome",
+    "InvalidInput",
+    "LeaseLost",
+    "RequestHistory",
+    "RunnerWriter",
+    "StaleSlice",
+    "TurnProgress",
+    "add_selected_capabilities",
+    "append_message",
+    "archive_session",
+    "begin_model_call",
+    "close_dangling_calls",
+    "commit_tool_result",
+    "consume_guidance",
+    "consume_inputs",
+    "consume_interrupts",
+    "create_session",
+    "end_model_call",
+    "end_turn",
+    "enqueue_input",
+    "file_changed",
+    "finish_turn",
+    "has_pending_work",
+    "input_text",
+    "locked_session",
+    "plan_create",
+    "plan_update",
+    "prompt_blob",
+    "queued_inputs",
+    "record_person_file_change",
+    "record_tool_result",
+    "save_progress",
+    "session_capabilities",
+    "set_status",
+    "start_turn",
+    "stored_calls",
+    "system_prompt",
+    "update_session",
+    "wire_message",
+    "without_nul",
+    "workspace_dir",
+    "workspace_path",
+]

@@ -1,0 +1,292 @@
+"""History: the append-only messages of a Session, their wire form, and the request history a
+runner slice keeps in memory.
+
+Only the lease holder appends messages, so a slice reads the request's history once and then
+appends what it commits itself (`RequestHistory`); a step's cost does not grow with history
+except for sending the body. Each message's token estimate is stored when it is committed and
+its JSON encoding made once, when it joins a slice's history; the messages digest recorded on
+every model call is a running hash chain over those encodings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from ...choices import InputKind, Role, SessionStatus
+from ...models import Message, Session
+from ..events import emit
+from ..llm.base import EncodedMessages
+from ..llm.tokens import estimate_message_tokens
+from .fencing import RunnerWriter, locked_session
+
+# Guidance is stored as the person wrote it; the request frames it.
+GUIDANCE_FRAME = "[Guidance from the user while you work — take it into account from this step on]\n"
+
+# What the model sends is stored as it came, except NUL: PostgreSQL text and jsonb cannot hold it.
+# In a call's arguments it becomes the JSON escape (the model reads back what it sent, and
+# ToolService has refused the call at parse_arguments); in prose, U+FFFD.
+NUL = "\x00"
+
+
+def without_nul(value, replacement: str = "\ufffd"):
+    """`value` (text or JSON-like data) with every NUL in its strings and keys replaced."""
+    if isinstance(value, str):
+        return value.replace(NUL, replacement) if NUL in value else value
+    if isinstance(value, dict):
+        return {without_nul(k, replacement): without_nul(v, replacement) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_nul(item, replacement) for item in value]
+    return value
+
+
+def _stored_call(call: dict) -> dict:
+    arguments = call.get("arguments")
+    if isinstance(arguments, str) and NUL in arguments:
+        call = {**call, "arguments": arguments.replace(NUL, "\\u0000")}
+    return without_nul(call)
+
+
+def wire_message(
+    role: str, content: str, *, tool_calls=(), tool_call_id: str = "", input_kind: str | None = None
+) -> dict:
+    """A message as the Chat Completions API takes it."""
+    if role == Role.ASSISTANT:
+        wire = {"role": "assistant", "content": content or None}
+        if tool_calls:
+            wire["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["arguments"]},
+                }
+                for c in tool_calls
+            ]
+        return wire
+    if role == Role.TOOL:
+        return {"role": "tool", "tool_call_id": tool_call_id, "content": content}
+    if input_kind == InputKind.GUIDANCE:
+        content = GUIDANCE_FRAME + content
+    return {"role": role, "content": content}
+
+
+def _wire_of(message: Message, input_kind: str | None) -> dict:
+    return wire_message(
+        message.role,
+        message.content,
+        tool_calls=message.tool_calls,
+        tool_call_id=message.tool_call_id,
+        input_kind=input_kind,
+    )
+
+
+def append_message(session: Session, turn_id: int | None, role: str, content: str = "", **fields) -> Message:
+    """Commit one message (the caller's transaction holds the Session) and announce it."""
+    input = fields.get("input")
+    wire = wire_message(
+        role,
+        content,
+        tool_calls=fields.get("tool_calls") or (),
+        tool_call_id=fields.get("tool_call_id", ""),
+        input_kind=input.kind if input is not None else None,
+    )
+    message = Message.objects.create(
+        tenant_id=session.tenant_id,
+        session_id=session.pk,
+        turn_id=turn_id,
+        role=role,
+        content=content,
+        token_estimate=estimate_message_tokens(wire),
+        **fields,
+    )
+    message.wire = wire  # for the slice's RequestHistory: not recomputed, not re-read
+    emit(session, "message.committed", {"message_id": message.pk, "role": role})
+    return message
+
+
+class RequestHistory:
+    """The slice's copy of what the next request sends: the system message, then the history
+    from the context window's start. Read once (`load`), caught up cheaply after the slice
+    re-reads at a step boundary (`catch_up`), and appended to as the slice commits (`add`)."""
+
+    def __init__(self):
+        self.messages = EncodedMessages()
+        self.set_system("")  # index 0 is always the system message
+        self.context_start_id: int | None = None
+        self.first_id: int | None = None
+        self.last_id: int | None = None
+        self.history_tokens = 0
+        self.digest = ""
+        self.loaded = False
+
+    @property
+    def count(self) -> int:
+        return max(len(self.messages) - 1, 0)
+
+    def set_system(self, text: str) -> None:
+        self.messages.set_first({"role": "system", "content": text})
+
+    def load(self, session_id, context_start_id: int | None) -> None:
+        self.messages.truncate(1)
+        self.first_id = self.last_id = None
+        self.history_tokens, self.digest = 0, ""
+        self.context_start_id = context_start_id
+        self._read(session_id, context_start_id)
+        self.loaded = True
+
+    def catch_up(self, session_id, context_start_id: int | None) -> None:
+        """Messages committed since the slice last looked (by its own locked operations)."""
+        if not self.loaded or context_start_id != self.context_start_id:
+            self.load(session_id, context_start_id)
+        else:
+            self._read(session_id, self.last_id + 1 if self.last_id is not None else context_start_id)
+
+    def _read(self, session_id, from_id: int | None) -> None:
+        rows = Message.objects.filter(session_id=session_id).order_by("id")
+        if from_id:
+            rows = rows.filter(id__gte=from_id)
+        fields = ("id", "role", "content", "tool_calls", "tool_call_id", "token_estimate", "input__kind")
+        for row in rows.values(*fields):
+            message = Message(
+                pk=row["id"],
+                role=row["role"],
+                content=row["content"],
+                tool_calls=row["tool_calls"],
+                tool_call_id=row["tool_call_id"],
+                token_estimate=row["token_estimate"],
+            )
+            message.wire = _wire_of(message, row["input__kind"])
+            self.add(message)
+
+    def add(self, message: Message) -> None:
+        wire = getattr(message, "wire", None) or _wire_of(message, None)
+        encoded = json.dumps(wire, ensure_ascii=False)
+        self.messages.append_encoded(wire, encoded)
+        self.history_tokens += message.token_estimate or estimate_message_tokens(wire)
+        self.digest = hashlib.sha256(f"{self.digest}\n{encoded}".encode()).hexdigest()
+        if self.first_id is None:
+            self.first_id = message.pk
+        self.last_id = message.pk
+
+
+# --- the step phases of a slice (fenced by its RunnerWriter) ---------------------------------------
+
+
+def commit_tool_result(
+    writer: RunnerWriter,
+    turn_id: int,
+    *,
+    call_id: str,
+    tool: str,
+    content: str,
+    ok: bool,
+    summary: str,
+    source: dict | None = None,
+) -> Message:
+    """Commit the result of one tool call (the second half of its pair) and announce it.
+
+    `source` names where it ran when that is not this process, e.g. {"server", "tool"} for MCP.
+    """
+    with writer.commit() as session:
+        return record_tool_result(
+            session,
+            turn_id,
+            call_id=call_id,
+            tool=tool,
+            content=content,
+            ok=ok,
+            summary=summary,
+            source=source,
+        )
+
+
+def record_tool_result(
+    session: Session,
+    turn_id: int | None,
+    *,
+    call_id: str,
+    tool: str,
+    content: str,
+    ok: bool,
+    summary: str,
+    source: dict | None = None,
+) -> Message:
+    """`tool.ended` and the tool message of one call (caller holds the Session)."""
+    content, summary = without_nul(content), without_nul(summary)
+    emit(
+        session,
+        "tool.ended",
+        {
+            "call_id": call_id,
+            "tool": tool,
+            "ok": ok,
+            "summary": summary,
+            "turn_id": turn_id,
+            **({"source": source} if source else {}),
+        },
+    )
+    return append_message(
+        session, turn_id, Role.TOOL, content, tool_call_id=call_id, tool_name=tool, is_error=not ok
+    )
+
+
+def stored_calls(tool_calls: list[dict]) -> list[dict]:
+    return [_stored_call(call) for call in tool_calls]
+
+
+INTERRUPTED_CALL_TEXT = (
+    "Interrupted: the runner stopped before this call's result was recorded. It was not run again; "
+    "it may or may not have taken effect, so check before repeating it."
+)
+
+
+def close_dangling_calls(session_id, token) -> list[dict]:
+    """After a runner was lost mid-step: give every tool call of the open turn that has no
+    result an `interrupted` one, so the next request is valid (each call answered) and nothing
+    is run twice. A turn parked on an approval is left alone: its calls wait for a person.
+    Announced as `session.recovered`. Returns the calls closed."""
+    with locked_session(session_id, token) as session:
+        turn_id = session.current_turn_id
+        if turn_id is None or session.status not in (SessionStatus.RUNNING, SessionStatus.PREPARING):
+            return []
+        last_call = (
+            Message.objects.filter(turn_id=turn_id, role=Role.ASSISTANT)
+            .exclude(tool_calls=[])
+            .order_by("-id")
+            .only("id", "tool_calls")
+            .first()
+        )
+        if last_call is None:
+            return []
+        answered = set(
+            Message.objects.filter(turn_id=turn_id, role=Role.TOOL, id__gt=last_call.pk).values_list(
+                "tool_call_id", flat=True
+            )
+        )
+        closed = []
+        for call in last_call.tool_calls:
+            if call.get("id") in answered:
+                continue
+            record_tool_result(
+                session,
+                turn_id,
+                call_id=call["id"],
+                tool=call["name"],
+                content=INTERRUPTED_CALL_TEXT,
+                ok=False,
+                summary="interrupted",
+            )
+            closed.append(
+                {"call_id": call["id"], "tool": call["name"], "reason": "runner lost before its result"}
+            )
+        if closed:
+            emit(
+                session,
+                "session.recovered",
+                {
+                    "restored": [],
+                    "interrupted_calls": closed,
+                    "next": "the turn continues with the next step",
+                },
+            )
+        return closed

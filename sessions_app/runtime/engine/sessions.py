@@ -1,0 +1,171 @@
+"""Sessions, their capabilities and their input queue."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from ...choices import InputKind, InputStatus, SessionKind, SessionStatus
+from ...models import Input, Session, SessionCapability, Turn
+from ..events import emit
+from .fencing import locked_session
+
+
+class InvalidInput(ValueError):
+    pass
+
+
+def workspace_path(session: Session) -> Path:
+    return workspace_dir(session.tenant_id, session.pk)
+
+
+def workspace_dir(tenant_id: int, session_id) -> Path:
+    return Path(settings.XAGENT_WORKSPACES_DIR) / str(tenant_id) / str(session_id)
+
+
+# --- sessions and inputs -----------------------------------------------------------------------
+
+
+def create_session(
+    *, tenant, owner, title="", goal="", kind=SessionKind.MAIN, parent=None, model_config=None
+) -> Session:
+    with transaction.atomic():
+        session = Session.objects.create(
+            tenant=tenant,
+            owner=owner,
+            title=title[:200],
+            session_goal=goal,
+            kind=kind,
+            parent=parent,
+            model_config=model_config,
+        )
+        emit(session, "session.status", {"status": session.status})
+        from approvals_app.policy import ensure_default_policy
+        from tools_app.models import ToolSet
+
+        # A tenant's first Session seeds the default policy (destructive/external need approval),
+        # so no tenant ever runs without one; admins edit it from there.
+        ensure_default_policy(tenant)
+
+        defaults = list(
+            ToolSet.objects.for_tenant(tenant).filter(is_default=True).values_list("name", flat=True)
+        )
+        if defaults:
+            _add_capabilities(session, toolsets=defaults, added_by="default")
+    workspace_path(session).mkdir(parents=True, exist_ok=True)
+    return session
+
+
+# --- capabilities ------------------------------------------------------------------------------
+
+
+def session_capabilities(session_id) -> dict[str, list[str]]:
+    found = {"tools": [], "toolsets": [], "skills": []}
+    for kind, name in SessionCapability.objects.filter(session_id=session_id).values_list("kind", "name"):
+        found[f"{kind}s"].append(name)
+    return found
+
+
+def _add_capabilities(
+    session: Session, *, tools=(), toolsets=(), skills=(), added_by: str
+) -> dict[str, list[str]]:
+    existing = {
+        (k, n) for k, n in SessionCapability.objects.filter(session=session).values_list("kind", "name")
+    }
+    added = {"skills": [], "tools": [], "toolsets": []}
+    rows = []
+    for kind, names in (("tool", tools), ("toolset", toolsets), ("skill", skills)):
+        for name in dict.fromkeys(names):
+            if (kind, name) not in existing:
+                rows.append(
+                    SessionCapability(
+                        tenant_id=session.tenant_id,
+                        session=session,
+                        kind=kind,
+                        name=name,
+                        added_by=added_by[:50],
+                    )
+                )
+                added[f"{kind}s"].append(name)
+    if rows:
+        SessionCapability.objects.bulk_create(rows)
+        session.config_version += 1
+        Session.objects.filter(pk=session.pk).update(config_version=session.config_version)
+        emit(session, "capabilities.added", added)
+    return added
+
+
+def add_selected_capabilities(session_id, token, *, tools=(), toolsets=(), skills=(), added_by: str) -> dict:
+    """Attach capabilities to the Session: atomic and add-only (nothing is ever removed here)."""
+    with locked_session(session_id, token) as session:
+        return _add_capabilities(session, tools=tools, toolsets=toolsets, skills=skills, added_by=added_by)
+
+
+def enqueue_input(
+    session_id, *, kind: str, payload: dict, idempotency_key: str | None = None, user=None
+) -> tuple[Input, bool]:
+    """Commit an input to the queue (it can never be lost after this). Returns (input, created).
+
+    The same idempotency key again returns the first input and queues nothing.
+    """
+    if kind not in InputKind.values:
+        raise InvalidInput(f"unknown input kind {kind!r}")
+    with locked_session(session_id) as session:
+        if idempotency_key:
+            existing = Input.objects.filter(session=session, idempotency_key=idempotency_key).first()
+            if existing is not None:
+                return existing, False
+        created = Input.objects.create(
+            tenant_id=session.tenant_id,
+            session=session,
+            kind=kind,
+            payload=payload,
+            idempotency_key=idempotency_key or None,
+            created_by=user if getattr(user, "is_authenticated", False) else None,
+        )
+        emit(session, "input.queued", {"input_id": created.pk, "kind": kind})
+    return created, True
+
+
+def update_session(session_id, *, title: str | None = None) -> Session:
+    with locked_session(session_id) as session:
+        if title is not None:
+            session.title = title[:200]
+            session.save(update_fields=["title", "updated_at"])
+    return session
+
+
+def archive_session(session_id) -> None:
+    with locked_session(session_id) as session:
+        if session.archived_at is None:
+            session.archived_at = timezone.now()
+            session.save(update_fields=["archived_at", "updated_at"])
+            emit(session, "session.archived", {})
+
+
+def queued_inputs(session_id, kinds=None):
+    qs = Input.objects.filter(session_id=session_id, status=InputStatus.QUEUED)
+    if kinds is not None:
+        qs = qs.filter(kind__in=list(kinds))
+    return qs.order_by("id")
+
+
+def has_pending_work(session: Session) -> bool:
+    """True while a runner has something to do: an open turn to advance or an input it can take.
+
+    A turn parked for a human (waiting_approval) is not work: only an interrupt moves it.
+    """
+    if session.current_turn_id is not None:
+        if session.status in (SessionStatus.RUNNING, SessionStatus.PREPARING):
+            return True
+        return queued_inputs(session.pk, [InputKind.INTERRUPT, InputKind.APPROVAL_DECISION]).exists()
+    return queued_inputs(session.pk, [InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.INTERRUPT]).exists()
+
+
+def consume_inputs(inputs: list[Input], turn: Turn | None) -> None:
+    Input.objects.filter(pk__in=[i.pk for i in inputs], status=InputStatus.QUEUED).update(
+        status=InputStatus.CONSUMED, consumed_at=timezone.now(), turn=turn
+    )

@@ -1,0 +1,181 @@
+"""Turns and the Session status: a turn starts from a queued message, takes guidance at step
+boundaries, and ends with a reason the status follows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.utils import timezone
+
+from ...choices import InputKind, Role, SessionStatus, TurnReason
+from ...models import Delivery, Input, Message, Session, Turn
+from .. import deliveries
+from ..events import emit
+from .fencing import RunnerWriter, locked_session
+from .history import append_message
+from .sessions import consume_inputs, queued_inputs, workspace_dir
+
+# How a turn's end reason shows in the Session status users see.
+STATUS_AFTER_TURN = {
+    TurnReason.COMPLETED: SessionStatus.IDLE,
+    TurnReason.BLOCKED: SessionStatus.IDLE,
+    TurnReason.MAX_TOKENS: SessionStatus.IDLE,
+    TurnReason.ABORTED: SessionStatus.INTERRUPTED,
+    TurnReason.INTERRUPTED: SessionStatus.INTERRUPTED,
+    TurnReason.ERROR: SessionStatus.FAILED,
+}
+
+
+def set_status(session: Session, status: str, reason: str = "") -> None:
+    """Commit a runtime status change (caller holds the lock) and announce it."""
+    if session.status == status and session.status_reason == reason:
+        return
+    session.status = status
+    session.status_reason = reason[:500]
+    Session.objects.filter(pk=session.pk).update(
+        status=status, status_reason=session.status_reason, updated_at=timezone.now()
+    )
+    emit(session, "session.status", {"status": status, **({"reason": reason} if reason else {})})
+
+
+def start_turn(session_id, token, input: Input) -> Turn:
+    """Begin a turn for a message input: consume it, commit it as the user message, status running."""
+    with locked_session(session_id, token) as session:
+        number = (
+            Turn.objects.filter(session=session).order_by("-number").values_list("number", flat=True).first()
+            or 0
+        ) + 1
+        turn = Turn.objects.create(tenant_id=session.tenant_id, session=session, number=number)
+        consume_inputs([input], turn)
+        append_message(session, turn.pk, Role.USER, input_text(input), input=input)
+        if not session.phase_goal and input.kind == InputKind.MESSAGE:
+            # Until task understanding (sub-Sessions) owns this, the first task sets the goals.
+            session.phase_goal = str(input.payload.get("text", ""))[:2000]
+            if not session.session_goal:
+                session.session_goal = session.phase_goal
+            Session.objects.filter(pk=session.pk).update(
+                phase_goal=session.phase_goal, session_goal=session.session_goal
+            )
+        session.current_turn = turn
+        Session.objects.filter(pk=session.pk).update(current_turn=turn)
+        emit(session, "turn.started", {"turn_id": turn.pk})
+        set_status(session, SessionStatus.RUNNING)
+    return turn
+
+
+def input_text(input: Input) -> str:
+    text = str(input.payload.get("text", ""))
+    attachments = input.payload.get("attachments") or []
+    if attachments:
+        text += "\n\nAttached files in the workspace: " + ", ".join(attachments)
+    return text
+
+
+def end_turn(session: Session, turn: Turn, reason: str, detail: str = "") -> None:
+    """Close a turn (caller holds the lock); the Session status follows the reason."""
+    if turn.ended_at is not None:
+        return
+    turn.reason, turn.reason_detail, turn.ended_at = reason, detail[:1000], timezone.now()
+    turn.save(update_fields=["reason", "reason_detail", "ended_at"])
+    session.current_turn = None
+    Session.objects.filter(pk=session.pk).update(current_turn=None)
+    emit(
+        session,
+        "turn.ended",
+        {"turn_id": turn.pk, "reason": reason, **({"detail": detail} if detail else {})},
+    )
+    set_status(session, STATUS_AFTER_TURN[reason], detail if reason != TurnReason.COMPLETED else "")
+
+
+def finish_turn(
+    session_id, token, turn_id: int, reason: str, detail: str = "", *, progress: TurnProgress | None = None
+) -> None:
+    """End the runner's turn (with its last step count and loop-guard memory). A `completed`
+    turn gets its delivery record in the same commit, announced before `turn.ended` so a client
+    that stops at the turn's end has seen it."""
+    facts = None
+    if reason == TurnReason.COMPLETED:
+        turn = Turn.objects.get(pk=turn_id)
+        if turn.ended_at is None:
+            # Reading and parsing the files happens before the lock is taken.
+            facts = deliveries.gather(turn, workspace_dir(turn.tenant_id, session_id))
+    with locked_session(session_id, token) as session:
+        turn = Turn.objects.get(pk=turn_id)
+        if turn.ended_at is not None:
+            return
+        if progress is not None:
+            turn.steps, turn.guard_state = progress.steps, progress.guard_state
+            turn.save(update_fields=["steps", "guard_state"])
+        if facts is not None:
+            _record_delivery(session, turn, facts)
+        end_turn(session, turn, reason, detail)
+
+
+@dataclass
+class TurnProgress:
+    """A turn's step count and loop-guard memory. A runner slice keeps them in memory and
+    writes them when the slice or the turn ends (a lost runner loses at most one slice of
+    them, never a step of history)."""
+
+    steps: int = 0
+    guard_state: dict = field(default_factory=dict)
+
+
+def save_progress(writer: RunnerWriter, turn_id: int, progress: TurnProgress) -> None:
+    with writer.commit():
+        Turn.objects.filter(pk=turn_id, ended_at__isnull=True).update(
+            steps=progress.steps, guard_state=progress.guard_state
+        )
+
+
+def _record_delivery(session: Session, turn: Turn, facts: deliveries.DeliveryFacts) -> Delivery:
+    delivery = Delivery.objects.create(
+        tenant_id=session.tenant_id,
+        session=session,
+        turn=turn,
+        final_answer=facts.final_answer,
+        files=facts.files,
+        checks=facts.checks,
+        unresolved_failures=facts.unresolved_failures,
+    )
+    emit(
+        session,
+        "delivery.recorded",
+        {
+            "delivery_id": delivery.pk,
+            "turn_id": turn.pk,
+            "checks_ok": delivery.checks_ok,
+            "unresolved": len(facts.unresolved_failures),
+        },
+    )
+    return delivery
+
+
+def consume_interrupts(session_id, token, on_parked=None) -> bool:
+    """Apply queued interrupts: the open turn ends `aborted`, status `interrupted`. True if any.
+
+    `on_parked(session)` closes what a parked turn waits on (a pending approval) first.
+    """
+    with locked_session(session_id, token) as session:
+        interrupts = list(queued_inputs(session.pk, [InputKind.INTERRUPT]))
+        if not interrupts:
+            return False
+        turn = session.current_turn
+        consume_inputs(interrupts, turn)
+        if turn is not None and session.status == SessionStatus.WAITING_APPROVAL and on_parked is not None:
+            on_parked(session)
+        if turn is not None and turn.ended_at is None:
+            end_turn(session, turn, TurnReason.ABORTED, "interrupted by the user")
+        return True
+
+
+def consume_guidance(session_id, token, turn_id: int) -> list[Message]:
+    """Guidance queued during a turn joins it at this step boundary: user messages stored as the
+    person wrote them (the request frames them as guidance, `history.wire_message`)."""
+    with locked_session(session_id, token) as session:
+        guidance = list(queued_inputs(session.pk, [InputKind.GUIDANCE]))
+        if not guidance:
+            return []
+        turn = Turn.objects.get(pk=turn_id)
+        consume_inputs(guidance, turn)
+        return [append_message(session, turn.pk, Role.USER, input_text(i), input=i) for i in guidance]
