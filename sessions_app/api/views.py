@@ -241,7 +241,7 @@ def _approval_status_filter(request, queryset):
 class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     """Pending and past approvals of the tenant the caller may see (`approvals.visible_to`, for
     every action: one they may not see is a 404). Deciding goes through the runtime's one
-    operation (`approvals.submit_decision`), shared with the WebSocket `decide` frame."""
+    operation (`brain.submit_decision`), shared with the WebSocket `decide` frame."""
 
     queryset = PendingApproval.objects.select_related("decided_by")
     serializer_class = ApprovalSerializer
@@ -267,10 +267,10 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
         approval = self.get_object()
         body = DecisionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        if not approvals.may_decide(approval, request.user):
+        if not approvals.may_decide(approval, request.user, request.membership):
             raise PermissionDenied("You may not decide this approval.")
         try:
-            approval = approvals.submit_decision(
+            approval = brain.submit_decision(
                 approval,
                 body.validated_data["decision"],
                 user=request.user,

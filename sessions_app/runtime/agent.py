@@ -272,15 +272,15 @@ class AgentService:
         tools = self.available_tools(session)
         secrets = tenant_secret_values(session.tenant_id)
         redactor = Redactor(secrets.values())
-        spec = approvals._call_spec(approval, approval.call_id)
+        spec = approvals.call_spec(approval, approval.call_id)
         if approval.status == ApprovalStatus.APPROVED:
-            if approval_actions.claim_execution(approval):
+            if approval_actions.do_claim_execution(approval):
                 ctx = self._context(session, tools, secrets)
                 outcome = self.tool_service.execute(
                     approval.call_id, spec["name"], json.dumps(approval.arguments), ctx, tools, approved=True
                 )
                 self._commit_outcome(turn_id, spec, outcome, redactor)
-                approval_actions.record_execution(approval, redactor.redact(outcome.summary))
+                approval_actions.do_record_execution(approval, redactor.redact(outcome.summary))
             elif not Message.objects.filter(
                 session=session, role="tool", tool_call_id=approval.call_id
             ).exists():
@@ -308,7 +308,7 @@ class AgentService:
                 summary=f"{approval.status} by a person",
             )
             approvals.mark_handled(approval)
-        remaining = [approvals._call_spec(approval, call_id) for call_id in approval.remaining_call_ids]
+        remaining = [approvals.call_spec(approval, call_id) for call_id in approval.remaining_call_ids]
         if remaining:
             return self._run_calls(
                 session, turn, approval.assistant_message_id, remaining, tools, secrets, redactor
