@@ -14,7 +14,7 @@ Every PendingApproval write is an `approvals_app.actions.do_*`; the Session stat
 
 from __future__ import annotations
 
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
 
 from approvals_app import actions as approvals
 from approvals_app.choices import ApprovalStatus
@@ -91,9 +91,16 @@ def suspend(
 # --- decide ----------------------------------------------------------------------------------------
 
 
+def with_session_owner(queryset):
+    """`queryset` with each approval's Session owner (`session_owner_id`) read in the same query,
+    so `may_decide` over a page of approvals costs no query per approval."""
+    owner = Session.objects.filter(pk=OuterRef("session_id")).values("owner_id")[:1]
+    return queryset.annotate(session_owner_id=Subquery(owner))
+
+
 def may_decide(approval: PendingApproval, user, membership=None) -> bool:
     """May `user` decide `approval`? Pass the `membership` the caller already resolved (REST,
-    WebSocket) to save its query."""
+    WebSocket) and an approval from `with_session_owner` to need no query at all."""
     from approvals_app.policy import can_decide
 
     if user is None or not getattr(user, "is_authenticated", False):
