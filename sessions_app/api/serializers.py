@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from approvals_app.actions import DECISIONS
 from approvals_app.choices import ApprovalStatus
 from config.api import ParameterError
 from tools_app.base import ToolError
@@ -281,7 +282,7 @@ class ApprovalSerializer(serializers.Serializer):
 
 
 class DecisionSerializer(serializers.Serializer):
-    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    decision = serializers.ChoiceField(choices=list(DECISIONS))
     comment = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
 
 

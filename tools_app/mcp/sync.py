@@ -22,7 +22,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from tools_app.models import MCPServer, Readiness, Risk, Tool, ToolSource
+from approvals_app.choices import Risk, ToolSource
+from tools_app.models import MCPServer, Readiness, Tool
 from tools_app.net import OutboundRefused, check_url
 from tools_app.secrets import tenant_secret_values
 
