@@ -37,12 +37,11 @@ from django.db import IntegrityError, transaction
 
 from tenancy_app.choices import ADMIN_ROLES
 
-from .choices import PolicyAction
+from .choices import PolicyAction, Risk, ToolSource
 from .policy_models import (
     WILDCARD,
     ApprovalPolicy,
     ApprovalRule,
-    RuleRisk,
     compile_conditions,
     default_deciders,
     normalize_deciders,
@@ -55,8 +54,8 @@ NO_MATCH_REASON = "no rule matched"
 DEFAULT_POLICY_NAME = "Default"
 DEFAULT_EXPIRY_HOURS = 72
 DEFAULT_RULES = (
-    (RuleRisk.DESTRUCTIVE, "Destructive action: a person must approve it."),
-    (RuleRisk.EXTERNAL, "External action (leaves the workspace): a person must approve it."),
+    (Risk.DESTRUCTIVE, "Destructive action: a person must approve it."),
+    (Risk.EXTERNAL, "External action (leaves the workspace): a person must approve it."),
 )
 
 
@@ -72,7 +71,7 @@ class CallFacts:
     remote_name: str = ""
 
     def identifiers(self) -> tuple[str, ...]:
-        if self.source == "mcp" and self.server:
+        if self.source == ToolSource.MCP and self.server:
             return (self.name, f"mcp:{self.server}:{self.remote_name or self.name}")
         return (self.name,)
 

@@ -23,28 +23,13 @@ from django.db import models
 from tenancy_app.choices import Role
 from tenancy_app.models import TenantOwnedModel
 
-from .choices import PolicyAction
+from .choices import PolicyAction, Risk, ToolSource
 
 MAX_REGEX_LENGTH = 500
 # Memory budget of one compiled pattern; RE2 refuses (a validation error) a pattern that needs more.
 MAX_REGEX_MEMORY = 1 << 20
 CONDITION_KEYS = frozenset({"path", "regex", "negate"})
 DECIDER_KEYS = frozenset({"session_owner", "tenant_admins", "roles"})
-
-
-class RuleRisk(models.TextChoices):
-    # The values of tools_app.models.Risk; approvals_app sits below tools_app and cannot import it
-    # (a test keeps the two in step).
-    READ = "read", "Read"
-    WRITE = "write", "Write"
-    DESTRUCTIVE = "destructive", "Destructive"
-    EXTERNAL = "external", "External"
-
-
-class RuleSource(models.TextChoices):
-    # The values of tools_app.models.ToolSource, for the same reason.
-    NATIVE = "native", "Native"
-    MCP = "mcp", "MCP server"
 
 
 def default_deciders() -> dict:
@@ -189,8 +174,8 @@ class ApprovalRule(TenantOwnedModel):
         help_text="fnmatch glob on the tool name (fs_*, *__add) or mcp:<server>:<tool>; blank = any",
     )
     toolset = models.CharField(max_length=100, blank=True, help_text="tool set name; blank = any")
-    risk = models.CharField(max_length=12, choices=RuleRisk.choices, blank=True, help_text="blank = any")
-    source = models.CharField(max_length=10, choices=RuleSource.choices, blank=True, help_text="blank = any")
+    risk = models.CharField(max_length=12, choices=Risk.choices, blank=True, help_text="blank = any")
+    source = models.CharField(max_length=10, choices=ToolSource.choices, blank=True, help_text="blank = any")
     argument_conditions = models.JSONField(
         default=list,
         blank=True,

@@ -155,11 +155,13 @@ class SessionConsumer(TenantScopedConsumer):
         )
         if approval is None:
             return "not_found", "No such approval in this session.", None
+        # The role is read again (not the socket's membership from connect): a demoted member
+        # must not decide from a socket opened before.
         if not approvals.may_decide(approval, self.scope["user"]):
             return "permission_denied", "You may not decide this approval.", None
         comment = body.validated_data.get("comment") or ""
         try:
-            approval = approvals.submit_decision(approval, decision, user=self.scope["user"], comment=comment)
+            approval = brain.submit_decision(approval, decision, user=self.scope["user"], comment=comment)
         except AlreadyDecided as exc:
             return "already_decided", f"This approval was already {exc.approval.status}.", None
         return "", approval.status, approval.pk

@@ -21,7 +21,20 @@ def recover() -> int:
 
 @shared_task(name="sessions.expire_approvals", ignore_result=True)
 def expire_approvals() -> int:
-    """Periodic (beat): pending approvals past their expiry become `expired` (a rejection for the model)."""
-    from .runtime.approvals import expire_due
+    """Periodic (beat): pending approvals past their expiry become `expired`, which the model sees
+    as a rejection. Each goes through `brain.submit_decision`, the same path as a person's decision."""
+    from approvals_app.actions import AlreadyDecided, due_for_expiry
+    from approvals_app.choices import ApprovalStatus
 
-    return expire_due()
+    from .runtime.brain import submit_decision
+
+    count = 0
+    for approval in due_for_expiry():
+        try:
+            submit_decision(
+                approval, "reject", status=ApprovalStatus.EXPIRED, comment="expired without a decision"
+            )
+        except AlreadyDecided:  # a person decided it meanwhile
+            continue
+        count += 1
+    return count

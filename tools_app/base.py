@@ -7,17 +7,11 @@ the `ToolContext`.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-
-class Risk(enum.StrEnum):
-    READ = "read"
-    WRITE = "write"
-    DESTRUCTIVE = "destructive"
-    EXTERNAL = "external"
+from approvals_app.choices import Risk
 
 
 class ToolError(Exception):

@@ -12,8 +12,10 @@ import copy
 
 from django.db.models import Prefetch, Q
 
+from approvals_app.choices import ToolSource
+
 from .base import Tool as ToolImpl
-from .models import Readiness, Tool, ToolSet, ToolSource
+from .models import Readiness, Tool, ToolSet
 from .registry import NATIVE_TOOLS, default_tool_names
 
 
@@ -108,7 +110,7 @@ def policy_facts(tool: ToolImpl):
     server = getattr(tool, "server_name", "") or ""
     return CallFacts(
         name=tool.name,
-        source="mcp" if server else "native",
+        source=ToolSource.MCP if server else ToolSource.NATIVE,
         risk=str(tool.risk),
         toolsets=tuple(getattr(tool, "toolsets", ()) or ()),
         server=server,

@@ -12,23 +12,12 @@ from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
+from approvals_app.choices import Risk, ToolSource
 from tenancy_app.models import Tenant, TenantOwnedModel, TenantScopedQuerySet
 
 name_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9_-]{0,47}$", "Use lowercase letters, digits, '_' or '-' (max 48)."
 )
-
-
-class Risk(models.TextChoices):
-    READ = "read", "Read"
-    WRITE = "write", "Write"
-    DESTRUCTIVE = "destructive", "Destructive"
-    EXTERNAL = "external", "External"
-
-
-class ToolSource(models.TextChoices):
-    NATIVE = "native", "Native"
-    MCP = "mcp", "MCP server"
 
 
 class Readiness(models.TextChoices):

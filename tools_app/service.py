@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 
 from jsonschema import Draft202012Validator
 
+from approvals_app.choices import PolicyAction
+
 from .base import Tool, ToolContext, ToolError, ToolResult
 from .registry import NATIVE_TOOLS
 
@@ -32,10 +34,6 @@ MAX_RESULT_CHARS = 20_000
 MAX_SUMMARY_CHARS = 200
 MAX_SCHEMA_ERRORS = 5
 DEFAULT_LEASE_TIMEOUT = 600.0
-
-ALLOW = "allow"
-REQUIRE_APPROVAL = "require_approval"
-DENY = "deny"
 
 # Returns an action, or an object with `.action` and `.reason` (approvals_app.policy.Verdict):
 # a deny's reason is shown to the model and on the tool card.
@@ -106,7 +104,7 @@ def _lease_for(workspace: Path) -> threading.Lock:
 
 
 def _allow_all(tool: Tool, args: dict, ctx: ToolContext) -> str:
-    return ALLOW
+    return PolicyAction.ALLOW
 
 
 def _holds_nul(value) -> bool:
@@ -347,13 +345,13 @@ class ToolService:
                 "approval", "approval_error", f"approval check failed: {type(exc).__name__}"
             ) from exc
         action = str(getattr(verdict, "action", verdict))
-        if action == ALLOW:
+        if action == PolicyAction.ALLOW:
             return
-        if action == REQUIRE_APPROVAL:
+        if action == PolicyAction.REQUIRE_APPROVAL:
             if approved:
                 return
             raise ApprovalRequired(tool, args, call_id, verdict)
-        if action != DENY:
+        if action != PolicyAction.DENY:
             logger.error("approval hook returned %r for tool %s; treating as deny", verdict, tool.name)
         reason = str(getattr(verdict, "reason", "") or "").strip()
         message = f"the approval policy denies calling {tool.name!r}"

@@ -1,11 +1,14 @@
 from rest_framework import serializers
 
+from approvals_app.actions import DECISIONS
+from approvals_app.choices import ApprovalStatus
 from config.api import ParameterError
 from tools_app.base import ToolError
 from tools_app.workspace import relative_posix, resolve_in_workspace
 
 from ..choices import InputKind, InputStatus, PlanTaskStatus, SessionKind
 from ..models import Delivery, Input, Message, ModelCall, ModelConfig, Session, SessionEvent
+from ..runtime import approvals
 from ..runtime.llm.config import resolve_model, tenant_default_config
 
 IDEMPOTENCY_KEY_MAX_LENGTH = Input._meta.get_field("idempotency_key").max_length
@@ -263,13 +266,23 @@ class ApprovalSerializer(serializers.Serializer):
     decided_by = serializers.SerializerMethodField()
     comment = serializers.CharField()
     executed_at = serializers.DateTimeField(allow_null=True)
+    can_decide = serializers.SerializerMethodField(
+        help_text="the caller may decide it now: it is pending and its deciders include them"
+    )
 
     def get_decided_by(self, obj) -> str | None:
         return obj.decided_by.get_username() if obj.decided_by_id else None
 
+    def get_can_decide(self, obj) -> bool:
+        request = self.context.get("request")
+        if request is None or obj.status != ApprovalStatus.PENDING:
+            return False
+        # With the request's membership and rows from `approvals.with_session_owner`: no query.
+        return approvals.may_decide(obj, request.user, getattr(request, "membership", None))
+
 
 class DecisionSerializer(serializers.Serializer):
-    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    decision = serializers.ChoiceField(choices=list(DECISIONS))
     comment = serializers.CharField(required=False, allow_blank=True, max_length=5000, default="")
 
 

@@ -216,10 +216,12 @@ class SessionViewSet(
         session = self.get_object()
         visible = approvals.visible_to(PendingApproval.objects.all(), request.user, request.membership)
         rows = _approval_status_filter(
-            request, visible.filter(session_id=session.pk).select_related("decided_by")
+            request,
+            approvals.with_session_owner(visible.filter(session_id=session.pk).select_related("decided_by")),
         )
         page = self.paginate_queryset(rows)
-        return self.get_paginated_response(ApprovalSerializer(page, many=True).data)
+        context = self.get_serializer_context()
+        return self.get_paginated_response(ApprovalSerializer(page, many=True, context=context).data)
 
     @extend_schema(responses=PlanResponseSerializer)
     @action(detail=True, methods=["get"], pagination_class=None)
@@ -241,19 +243,20 @@ def _approval_status_filter(request, queryset):
 class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     """Pending and past approvals of the tenant the caller may see (`approvals.visible_to`, for
     every action: one they may not see is a 404). Deciding goes through the runtime's one
-    operation (`approvals.submit_decision`), shared with the WebSocket `decide` frame."""
+    operation (`brain.submit_decision`), shared with the WebSocket `decide` frame."""
 
     queryset = PendingApproval.objects.select_related("decided_by")
     serializer_class = ApprovalSerializer
 
     def get_queryset(self):
         membership = getattr(self.request, "membership", None)  # absent while generating the schema
-        return approvals.visible_to(super().get_queryset(), self.request.user, membership)
+        visible = approvals.visible_to(super().get_queryset(), self.request.user, membership)
+        return approvals.with_session_owner(visible)  # `can_decide` without a query per row
 
     @extend_schema(parameters=[OpenApiParameter("status", str, enum=ApprovalStatus.values)])
     def list(self, request, *args, **kwargs):
         page = self.paginate_queryset(_approval_status_filter(request, self.get_queryset()))
-        return self.get_paginated_response(ApprovalSerializer(page, many=True).data)
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
 
     @extend_schema(
         request=DecisionSerializer,
@@ -267,10 +270,10 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
         approval = self.get_object()
         body = DecisionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        if not approvals.may_decide(approval, request.user):
+        if not approvals.may_decide(approval, request.user, request.membership):
             raise PermissionDenied("You may not decide this approval.")
         try:
-            approval = approvals.submit_decision(
+            approval = brain.submit_decision(
                 approval,
                 body.validated_data["decision"],
                 user=request.user,
@@ -278,4 +281,4 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
             )
         except AlreadyDecided as exc:
             raise Conflict("already_decided", f"This approval was already {exc.approval.status}.") from None
-        return Response(ApprovalSerializer(approval).data)
+        return Response(self.get_serializer(approval).data)

@@ -425,9 +425,9 @@ class AgentService:
         from approvals_app.choices import ApprovalStatus
 
         context = self.context
-        spec = approvals._call_spec(approval, approval.call_id)
+        spec = approvals.call_spec(approval, approval.call_id)
         if approval.status == ApprovalStatus.APPROVED:
-            if approval_actions.claim_execution(approval):
+            if approval_actions.do_claim_execution(approval):
                 outcome = self.tool_service.execute(
                     approval.call_id,
                     spec["name"],
@@ -437,7 +437,7 @@ class AgentService:
                     approved=True,
                 )
                 self._commit_outcome(spec, outcome)
-                approval_actions.record_execution(approval, context.redactor.redact(outcome.summary))
+                approval_actions.do_record_execution(approval, context.redactor.redact(outcome.summary))
             elif not Message.objects.filter(
                 session_id=self.session_id, role="tool", tool_call_id=approval.call_id
             ).exists():
@@ -459,7 +459,7 @@ class AgentService:
                 summary=f"{approval.status} by a person",
             )
             approvals.mark_handled(approval)
-        remaining = [approvals._call_spec(approval, call_id) for call_id in approval.remaining_call_ids]
+        remaining = [approvals.call_spec(approval, call_id) for call_id in approval.remaining_call_ids]
         if remaining:
             return self._run_calls(approval.assistant_message_id, remaining)
         return StepResult()

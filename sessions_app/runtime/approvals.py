@@ -3,18 +3,18 @@
 A tool call that a policy marks `require_approval` suspends the turn: the call, its result id
 (the call id) and the pending request are committed as one RuntimeAuditUnit together with the
 `waiting_approval` status, and the runner leaves. A decision is an input like any other
-(`approval_decision`), so it wakes the Brain; a later runner executes the *original* call
+(`approval_decision`, entered by `brain.submit_decision`, which this module never imports: the
+Brain drives the runtime, not the other way round); a later runner executes the *original* call
 exactly once (approve) or commits a rejection as that call's result (reject/expire) and the
 turn goes on. Prompt text cannot change any of this: the policy sees only the call.
+
+Every PendingApproval write is an `approvals_app.actions.do_*`; the Session status around it
+(`waiting_approval`, `running`) is SessionEngine's `set_status`, called here.
 """
 
 from __future__ import annotations
 
-import logging
-
-from django.db import transaction
-from django.db.models import Q
-from django.utils import timezone
+from django.db.models import OuterRef, Q, Subquery
 
 from approvals_app import actions as approvals
 from approvals_app.choices import ApprovalStatus
@@ -26,10 +26,6 @@ from tenancy_app.models import Membership
 from ..choices import InputKind, Role, SessionStatus
 from ..models import Message, Session
 from . import engine
-from .events import emit
-
-logger = logging.getLogger(__name__)
-
 
 # --- the policy hook ToolService calls ------------------------------------------------------------
 
@@ -67,44 +63,25 @@ def suspend(
     redactor,
     verdict=None,
 ) -> PendingApproval:
-    """Park the turn on a RuntimeAuditUnit: approval row + status + event in one transaction.
+    """Park the turn on a RuntimeAuditUnit: approval row + event + status in one transaction.
 
     `verdict`: the policy's verdict ToolService already reached (`ApprovalRequired.verdict`);
     evaluated here only when a caller has none."""
     with engine.locked_session(session_id, token) as session:
         if verdict is None or not hasattr(verdict, "expires_after_hours"):
             verdict = verdict_for(session.tenant_id, tool, arguments)
-        expires_at = None
-        if verdict.expires_after_hours:
-            expires_at = timezone.now() + timezone.timedelta(hours=verdict.expires_after_hours)
-        approval = PendingApproval.objects.create(
-            tenant_id=session.tenant_id,
-            session_id=session.pk,
+        approval = approvals.do_request_approval(
+            session,
             turn_id=turn_id,
             assistant_message_id=assistant_message_id,
             call_id=call_id,
             tool=tool.name,
             tool_source=call_facts(tool).source,
+            risk=str(tool.risk),
             arguments=arguments,
             arguments_redacted=redactor.redact_data(arguments),
-            risk=str(tool.risk),
-            reason=verdict.reason[:500],
-            rule=verdict.rule or {},
+            verdict=verdict,
             remaining_call_ids=remaining_call_ids,
-            deciders=verdict.deciders or {},
-            requested_by_id=session.owner_id,
-            expires_at=expires_at,
-        )
-        emit(
-            session,
-            "approval.requested",
-            {
-                "approval_id": approval.pk,
-                "call_id": call_id,
-                "tool": tool.name,
-                "risk": approval.risk,
-                "reason": approval.reason,
-            },
         )
         engine.set_status(session, SessionStatus.WAITING_APPROVAL, f"waiting for approval of {tool.name}")
     return approval
@@ -113,18 +90,31 @@ def suspend(
 # --- decide ----------------------------------------------------------------------------------------
 
 
-def may_decide(approval: PendingApproval, user) -> bool:
+def with_session_owner(queryset):
+    """`queryset` with each approval's Session owner (`session_owner_id`) read in the same query,
+    so `may_decide` over a page of approvals costs no query per approval."""
+    owner = Session.objects.filter(pk=OuterRef("session_id")).values("owner_id")[:1]
+    return queryset.annotate(session_owner_id=Subquery(owner))
+
+
+def may_decide(approval: PendingApproval, user, membership=None) -> bool:
+    """May `user` decide `approval`? Pass the `membership` the caller already resolved (REST,
+    WebSocket) and an approval from `with_session_owner` to need no query at all."""
     from approvals_app.policy import can_decide
 
-    role = (
-        Membership.objects.filter(tenant_id=approval.tenant_id, user=user)
-        .values_list("role", flat=True)
-        .first()
-    )
-    if role is None:
+    if user is None or not getattr(user, "is_authenticated", False):
         return False
-    owner_id = Session.objects.filter(pk=approval.session_id).values_list("owner_id", flat=True).first()
-    return can_decide(approval.deciders or {}, user_id=user.pk, session_owner_id=owner_id, role=role)
+    if membership is None:
+        membership = Membership.objects.filter(tenant_id=approval.tenant_id, user=user).first()
+    if membership is None or membership.user_id != user.pk or membership.tenant_id != approval.tenant_id:
+        return False
+    if hasattr(approval, "session_owner_id"):
+        owner_id = approval.session_owner_id
+    else:
+        owner_id = Session.objects.filter(pk=approval.session_id).values_list("owner_id", flat=True).first()
+    return can_decide(
+        approval.deciders or {}, user_id=user.pk, session_owner_id=owner_id, role=membership.role
+    )
 
 
 def visible_to(queryset, user, membership):
@@ -157,52 +147,6 @@ def may_see(approval: PendingApproval, user) -> bool:
     return visible_to(PendingApproval.objects.filter(pk=approval.pk), user, membership).exists()
 
 
-def submit_decision(
-    approval: PendingApproval, decision: str, *, user=None, comment: str = "", status: str | None = None
-) -> PendingApproval:
-    """approvals.record_decision (compare-and-set) + the decision input + wake, in one transaction.
-
-    Used by REST, the WebSocket `decide` frame and expiry alike. Raises approvals.AlreadyDecided.
-    """
-    from .brain import wake
-
-    new_status = status or approvals.DECISIONS[decision]
-    with transaction.atomic():
-        with engine.locked_session(approval.session_id) as session:
-            approvals.record_decision(approval, status=new_status, user=user, comment=comment)
-            emit(
-                session,
-                "approval.decided",
-                {
-                    "approval_id": approval.pk,
-                    "decision": str(new_status),
-                    "by": user.get_username() if getattr(user, "is_authenticated", False) else "system",
-                },
-            )
-        engine.enqueue_input(
-            approval.session_id,
-            kind=InputKind.APPROVAL_DECISION,
-            payload={"approval_id": approval.pk, "decision": str(new_status)},
-            user=user,
-        )
-        transaction.on_commit(lambda: wake(approval.session_id))
-    return approval
-
-
-def expire_due() -> int:
-    """Pending approvals past their expiry become `expired`, which the model sees as a rejection."""
-    count = 0
-    for approval in approvals.due_for_expiry():
-        try:
-            submit_decision(
-                approval, "reject", status=ApprovalStatus.EXPIRED, comment="expired without a decision"
-            )
-            count += 1
-        except approvals.AlreadyDecided:
-            pass
-    return count
-
-
 # --- resume / cancel (inside a runner slice) ----------------------------------------------------
 
 
@@ -215,7 +159,8 @@ def _waiting_approval(session_id) -> PendingApproval | None:
     )
 
 
-def _call_spec(approval: PendingApproval, call_id: str) -> dict:
+def call_spec(approval: PendingApproval, call_id: str) -> dict:
+    """The model's tool call `call_id` as it stands in the assistant message the approval parked."""
     message = Message.objects.get(pk=approval.assistant_message_id)
     return next(c for c in message.tool_calls if c["id"] == call_id)
 
@@ -239,29 +184,20 @@ def cancel_waiting(session: Session) -> None:
     approval = _waiting_approval(session.pk)
     if approval is None:
         return
-    try:
-        approvals.record_decision(
-            approval, status=ApprovalStatus.CANCELLED, comment="the user interrupted the turn"
-        )
-        emit(
-            session,
-            "approval.decided",
-            {"approval_id": approval.pk, "decision": "cancelled", "by": "interrupt"},
-        )
-    except approvals.AlreadyDecided:
-        pass
+    approvals.do_cancel(session, approval)
     for call_id in [approval.call_id, *approval.remaining_call_ids]:
         if not Message.objects.filter(session_id=session.pk, role=Role.TOOL, tool_call_id=call_id).exists():
             engine.record_tool_result(
                 session,
                 session.current_turn_id,
                 call_id=call_id,
-                tool=_call_spec(approval, call_id)["name"],
+                tool=call_spec(approval, call_id)["name"],
                 content="Not run: the user interrupted the turn while it waited for approval.",
                 ok=False,
                 summary="cancelled by interrupt",
             )
-    PendingApproval.objects.filter(pk=approval.pk).update(executed_at=timezone.now())
+    # Even one approved before the interrupt but not yet run: its calls are closed, it never runs.
+    approvals.do_mark_handled(approval)
 
 
 def rejection_text(approval: PendingApproval) -> str:
@@ -279,6 +215,4 @@ def rejection_text(approval: PendingApproval) -> str:
 
 def mark_handled(approval: PendingApproval) -> None:
     """A rejected/expired approval is handled once its rejection result is committed."""
-    PendingApproval.objects.filter(pk=approval.pk, executed_at__isnull=True).update(
-        executed_at=timezone.now()
-    )
+    approvals.do_mark_handled(approval)

@@ -21,6 +21,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from approvals_app import actions as approval_actions
+
 from ..choices import InputKind, SessionStatus, TurnReason
 from ..models import RunnerSlice, Session
 from . import approvals, engine
@@ -56,6 +58,27 @@ def submit_input(
         if created:
             transaction.on_commit(lambda: wake(session.pk))
     return created_input, created
+
+
+def submit_decision(approval, decision: str, *, user=None, comment: str = "", status: str | None = None):
+    """A person's (or expiry's) decision on `approval`: the one entry for REST, WebSocket and expiry.
+
+    Records it (`do_decide`, compare-and-set + `approval.decided`) under the Session lock, queues
+    the `approval_decision` input in the same transaction, wakes a runner after commit. `status`
+    overrides the one `decision` leads to (expiry: `expired`). Raises AlreadyDecided.
+    """
+    new_status = status or approval_actions.DECISIONS[decision]
+    with transaction.atomic():
+        with engine.locked_session(approval.session_id) as session:
+            approval_actions.do_decide(session, approval, new_status, user=user, comment=comment)
+        engine.enqueue_input(
+            approval.session_id,
+            kind=InputKind.APPROVAL_DECISION,
+            payload={"approval_id": approval.pk, "decision": str(new_status)},
+            user=user,
+        )
+        transaction.on_commit(lambda: wake(approval.session_id))
+    return approval
 
 
 def interrupt(session: Session, user=None):

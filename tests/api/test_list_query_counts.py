@@ -3,7 +3,10 @@
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
+from approvals_app.choices import ApprovalStatus
+from approvals_app.models import PendingApproval
 from sessions_app.models import Delivery, Message, ModelConfig, Turn
 from sessions_app.runtime import engine
 
@@ -51,3 +54,49 @@ def test_a_sessions_history_and_deliveries(api_owner_a, tenant_a, owner_a):
 
     for url in (f"{base}/messages/", f"{base}/deliveries/", f"{base}/model-calls/", f"{base}/approvals/"):
         assert_constant_in_page_size(api_owner_a, url)
+
+
+def make_approvals(session, decided_by, count=ROWS):
+    """Half pending (the caller's `can_decide` is computed for them), half decided by someone."""
+    for i in range(count):
+        decided = i % 2 == 1
+        PendingApproval.objects.create(
+            tenant_id=session.tenant_id,
+            session_id=session.pk,
+            turn_id=1,
+            assistant_message_id=1,
+            call_id=f"call-{i}",
+            tool="fs_delete_files",
+            arguments={"paths": [f"f{i}"]},
+            arguments_redacted={"paths": [f"f{i}"]},
+            risk="destructive",
+            reason="a person must approve it",
+            deciders={"session_owner": True, "tenant_admins": True, "roles": ["member"]},
+            requested_by_id=session.owner_id,
+            status=ApprovalStatus.APPROVED if decided else ApprovalStatus.PENDING,
+            decided_by=decided_by if decided else None,
+            decided_at=timezone.now() if decided else None,
+        )
+
+
+@pytest.mark.parametrize("persona", ["api_owner_a", "api_member_a"])
+def test_approvals_lists(request, persona, tenant_a, owner_a, member_a):
+    """Tenant-wide and per-Session lists, for an admin (sees all) and a member (the visibility
+    filter): the same queries for 2 rows as for 25, `can_decide` and `decided_by` included."""
+    client = request.getfixturevalue(persona)
+    owners = engine.create_session(tenant=tenant_a, owner=owner_a, title="owner's")
+    members = engine.create_session(tenant=tenant_a, owner=member_a, title="member's")
+    make_approvals(owners, decided_by=owner_a)
+    make_approvals(members, decided_by=owner_a)
+
+    listed = client.get(f"/api/v1/approvals/?page_size={2 * ROWS}").json()["results"]
+    assert len(listed) == 2 * ROWS
+    assert {a["can_decide"] for a in listed if a["status"] == "pending"} == {True}
+    assert {a["can_decide"] for a in listed if a["status"] != "pending"} == {False}
+    for url in (
+        "/api/v1/approvals/",
+        "/api/v1/approvals/?status=pending",
+        f"/api/v1/sessions/{owners.pk}/approvals/",
+        f"/api/v1/sessions/{members.pk}/approvals/",
+    ):
+        assert_constant_in_page_size(client, url)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from tools_app.models import MCPServer, Readiness, Risk, Tool, ToolSource
+from approvals_app.choices import Risk, ToolSource
+from tools_app.models import MCPServer, Readiness, Tool
 from tools_app.registry import NATIVE_TOOLS
 
 from ..tenancy.isolation import TenantIsolationContract, assert_error_shape, result_ids

@@ -7,7 +7,8 @@ from django.db import connection
 
 from approvals_app.models import PendingApproval
 from sessions_app.models import Message, SessionEvent, Turn
-from sessions_app.runtime import approvals, brain, engine
+from sessions_app.runtime import brain, engine
+from sessions_app.tasks import expire_approvals
 from tests.runtime.helpers import assert_tool_pairs, drive_until_idle, new_session, send
 from tests.support.model_server import text_reply, tool_call, tool_reply
 from tools_app.models import Tool, ToolSet
@@ -64,7 +65,7 @@ def test_a_destructive_call_parks_the_turn_as_one_audit_unit(session, model_serv
 
 def test_approve_runs_the_original_call_once_and_the_turn_goes_on(session, model_server, owner_a):
     approval = _park(session, model_server)
-    approvals.submit_decision(approval, "approve", user=owner_a, comment="fine")
+    brain.submit_decision(approval, "approve", user=owner_a, comment="fine")
     drive_until_idle(session)
 
     assert not (engine.workspace_path(session) / DRAFT).exists()
@@ -82,7 +83,7 @@ def test_approve_runs_the_original_call_once_and_the_turn_goes_on(session, model
 
 def test_reject_commits_a_rejection_to_the_same_call_and_the_model_continues(session, model_server, owner_a):
     approval = _park(session, model_server)
-    approvals.submit_decision(approval, "reject", user=owner_a, comment="keep it")
+    brain.submit_decision(approval, "reject", user=owner_a, comment="keep it")
     drive_until_idle(session)
 
     assert (engine.workspace_path(session) / DRAFT).read_text() == "scratch"
@@ -107,7 +108,7 @@ def test_two_simultaneous_decisions_have_one_winner(session, model_server, owner
     def decide(user, decision):
         barrier.wait()
         try:
-            approvals.submit_decision(PendingApproval.objects.get(pk=approval.pk), decision, user=user)
+            brain.submit_decision(PendingApproval.objects.get(pk=approval.pk), decision, user=user)
             outcomes.append("won")
         except AlreadyDecided:
             outcomes.append("409")
@@ -166,7 +167,7 @@ def test_calls_before_the_gated_one_run_and_the_ones_after_wait(session, model_s
     workspace = engine.workspace_path(session)
     assert (workspace / "before.txt").exists() and not (workspace / "after.txt").exists()
 
-    approvals.submit_decision(approval, "approve", user=owner_a)
+    brain.submit_decision(approval, "approve", user=owner_a)
     drive_until_idle(session)
     assert (workspace / "after.txt").exists() and not (workspace / DRAFT).exists()
     order = list(
@@ -185,7 +186,7 @@ def test_an_expired_approval_returns_to_the_model_as_a_rejection(session, model_
     PendingApproval.objects.filter(pk=approval.pk).update(
         expires_at=timezone.now() - timezone.timedelta(minutes=1)
     )
-    assert approvals.expire_due() == 1
+    assert expire_approvals() == 1
     drive_until_idle(session)
     approval.refresh_from_db()
     assert approval.status == "expired" and approval.decided_by is None
@@ -196,7 +197,7 @@ def test_an_expired_approval_returns_to_the_model_as_a_rejection(session, model_
 
 def test_the_audit_trail_answers_who_what_which_rule_who_decided_and_what_ran(session, model_server, owner_a):
     approval = _park(session, model_server)
-    approvals.submit_decision(approval, "approve", user=owner_a, comment="ok to remove")
+    brain.submit_decision(approval, "approve", user=owner_a, comment="ok to remove")
     drive_until_idle(session)
     approval.refresh_from_db()
     decided = SessionEvent.objects.get(session=session, type="approval.decided")

@@ -6,7 +6,7 @@ from django.core.exceptions import ValidationError
 
 from approvals_app.choices import PolicyAction
 from approvals_app.policy import CallFacts, can_decide, ensure_default_policy, evaluate
-from approvals_app.policy_models import ApprovalPolicy, ApprovalRule, RuleRisk, RuleSource, parse_path
+from approvals_app.policy_models import ApprovalPolicy, ApprovalRule, parse_path
 from tenancy_app.choices import Role
 
 ALLOW, REQUIRE, DENY = PolicyAction.ALLOW, PolicyAction.REQUIRE_APPROVAL, PolicyAction.DENY
@@ -394,10 +394,3 @@ def test_can_decide(deciders, is_session_owner, role, allowed):
 
 def test_can_decide_needs_a_user():
     assert not can_decide(OWNER_AND_ADMINS, user_id=None, session_owner_id=None, role=Role.OWNER)
-
-
-def test_risk_and_source_choices_follow_tools_app():
-    from tools_app.models import Risk, ToolSource
-
-    assert set(RuleRisk.values) == set(Risk.values)
-    assert set(RuleSource.values) == set(ToolSource.values)

@@ -68,11 +68,9 @@ def test_secrets_are_injected_at_execution_and_redacted_everywhere(session, tena
     send(session, "configure the token")
     drive_until_idle(session)
     from approvals_app.models import PendingApproval
-    from sessions_app.runtime import approvals
+    from sessions_app.runtime import brain
 
-    approvals.submit_decision(
-        PendingApproval.objects.get(session_id=session.pk), "approve", user=session.owner
-    )
+    brain.submit_decision(PendingApproval.objects.get(session_id=session.pk), "approve", user=session.owner)
     drive_until_idle(session)
 
     # The tool really received the value...
@@ -117,11 +115,9 @@ def test_tools_are_found_then_selected_before_they_can_be_called(session, tenant
     # Selected, the destructive delete is now callable, and the default policy asks a person first.
     assert session.status == "waiting_approval"
     from approvals_app.models import PendingApproval
-    from sessions_app.runtime import approvals
+    from sessions_app.runtime import brain
 
-    approvals.submit_decision(
-        PendingApproval.objects.get(session_id=session.pk), "approve", user=session.owner
-    )
+    brain.submit_decision(PendingApproval.objects.get(session_id=session.pk), "approve", user=session.owner)
     drive_until_idle(session)
 
     results = {m.tool_call_id: m for m in Message.objects.filter(session=session, role="tool")}

@@ -16,12 +16,13 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from approvals_app.choices import Risk, ToolSource
 from tests.integration.processes import PROJECT_ROOT, free_port, running
 from tools_app.base import ToolContext, ToolError
 from tools_app.mcp.client import MCPError
 from tools_app.mcp.sync import add_server, refresh_server
 from tools_app.mcp.tool import MCPTool
-from tools_app.models import MCPServer, Readiness, Risk, Tool, ToolSource
+from tools_app.models import MCPServer, Readiness, Tool
 from tools_app.secrets import set_secret
 from tools_app.service import ToolService
 

@@ -6,10 +6,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from approvals_app.choices import Risk
 from tools_app.management.commands.mcp_probe import arguments_for
 from tools_app.mcp.client import Connection, MCPError, RemoteResult, _describe, _public_url, list_tools
 from tools_app.mcp.sync import defaults_from_hints, tool_name_for
-from tools_app.models import Risk
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 

@@ -15,7 +15,7 @@ from approvals_app.choices import PolicyAction
 from approvals_app.models import PendingApproval
 from approvals_app.policy_models import ApprovalPolicy, ApprovalRule
 from sessions_app.models import Message, PlanTask, Turn
-from sessions_app.runtime import approvals, engine
+from sessions_app.runtime import brain, engine
 from sessions_app.runtime.llm import demo
 from sessions_app.runtime.llm.config import resolve_model
 from tools_app.models import Tool, ToolSet
@@ -138,10 +138,10 @@ def test_a_write_rejected_by_a_person_is_named_in_the_answer(session, tenant_a, 
     send(session, ASK)
     drive_until_idle(session)
     assert session.status == "waiting_approval"
-    approvals.submit_decision(PendingApproval.objects.get(session_id=session.pk), "reject", user=owner_a)
+    brain.submit_decision(PendingApproval.objects.get(session_id=session.pk), "reject", user=owner_a)
     drive_until_idle(session)
     # The second write waits for its own decision; approve it.
-    approvals.submit_decision(
+    brain.submit_decision(
         PendingApproval.objects.get(session_id=session.pk, status="pending"), "approve", user=owner_a
     )
     drive_until_idle(session)
@@ -164,7 +164,7 @@ def test_a_rejected_cleanup_is_reported_and_the_report_still_stands(tenant_a, ow
     drive_until_idle(session)
     approval = PendingApproval.objects.get(session_id=session.pk)
     assert approval.tool == "fs_delete_files"
-    approvals.submit_decision(approval, "reject", user=owner_a, comment="keep it")
+    brain.submit_decision(approval, "reject", user=owner_a, comment="keep it")
     drive_until_idle(session)
 
     answer = _answer(session)

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from tools_app.base import Risk, ToolContext, ToolError
+from approvals_app.choices import Risk
+from tools_app.base import ToolContext, ToolError
 from tools_app.native.shell import ShellExec
 from tools_app.sandbox import DEFAULT_LIMITS, SandboxLimits, run_sandboxed
 from tools_app.sandbox import process as sandbox_process

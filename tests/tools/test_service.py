@@ -5,7 +5,8 @@ import threading
 import pytest
 from jsonschema import Draft202012Validator
 
-from tools_app.base import Risk, Tool, ToolResult
+from approvals_app.choices import Risk
+from tools_app.base import Tool, ToolResult
 from tools_app.registry import NATIVE_TOOLS, default_tool_names
 from tools_app.service import MAX_RESULT_CHARS, ApprovalRequired, ToolCall, ToolService
 

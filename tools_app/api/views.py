@@ -3,10 +3,11 @@
 from django.db.models import Q
 from rest_framework import mixins
 
+from approvals_app.choices import ToolSource
 from config.api import CursorPagination
 from tenancy_app.api.viewsets import TenantScopedViewSet
 
-from ..models import Tool, ToolSource
+from ..models import Tool
 from ..registry import NATIVE_TOOLS
 from .serializers import ToolSerializer
 

@@ -22,8 +22,9 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from approvals_app.choices import Risk, ToolSource
 from tenancy_app.versioning import bump as bump_config_version
-from tools_app.models import MCPServer, Readiness, Risk, Tool, ToolSource
+from tools_app.models import MCPServer, Readiness, Tool
 from tools_app.net import OutboundRefused, check_url
 from tools_app.secrets import tenant_secret_values
 

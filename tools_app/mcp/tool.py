@@ -8,7 +8,8 @@ own error messages never carry a secret value.
 
 from __future__ import annotations
 
-from tools_app.base import Risk, Tool, ToolContext, ToolError, ToolResult
+from approvals_app.choices import Risk
+from tools_app.base import Tool, ToolContext, ToolError, ToolResult
 from tools_app.models import MCPServer
 from tools_app.secrets import tenant_secret_values
 

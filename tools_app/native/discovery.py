@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
-from ..base import Risk, Tool, ToolContext, ToolError, ToolResult
+from approvals_app.choices import Risk
+
+from ..base import Tool, ToolContext, ToolError, ToolResult
 
 
 class ToolsFind(Tool):

@@ -13,7 +13,9 @@ import stat
 import tempfile
 from pathlib import Path
 
-from ..base import Risk, Tool, ToolContext, ToolError, ToolResult
+from approvals_app.choices import Risk
+
+from ..base import Tool, ToolContext, ToolError, ToolResult
 from ..workspace import (
     MAX_READ_BYTES,
     MAX_WRITE_BYTES,

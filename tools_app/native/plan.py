@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 
-from ..base import Risk, Tool, ToolContext, ToolResult
+from approvals_app.choices import Risk
+
+from ..base import Tool, ToolContext, ToolResult
 
 TASK_STATUSES = ["pending", "in_progress", "done", "skipped"]
 MAX_TASKS = 50

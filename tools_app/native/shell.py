@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from ..base import Risk, Tool, ToolContext, ToolResult
+from approvals_app.choices import Risk
+
+from ..base import Tool, ToolContext, ToolResult
 from ..sandbox.policy import DEFAULT_LIMITS, SandboxLimits
 from ..sandbox.process import SandboxRun, run_sandboxed
 
