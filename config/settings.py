@@ -339,6 +339,9 @@ XAGENT_WORKSPACES_DIR = Path(_read("XAGENT_WORKSPACES_DIR", env.str, str(VAR_DIR
 XAGENT_LOOP_GUARD_REPEATS = _positive_int("XAGENT_LOOP_GUARD_REPEATS", 3)
 XAGENT_LOOP_GUARD_IDLE_ROUNDS = _positive_int("XAGENT_LOOP_GUARD_IDLE_ROUNDS", 6)
 XAGENT_MAX_STEPS_PER_TURN = _positive_int("XAGENT_MAX_STEPS_PER_TURN", 100)
+# A runner holds a Session's lease this long past its last write or heartbeat; a runner lost
+# with its worker (a crash, SIGKILL) is replaced once it lapses.
+XAGENT_RUNNER_LEASE_SECONDS = _positive_int("XAGENT_RUNNER_LEASE_SECONDS", 60)
 # What a person may put in a workspace through the files API (413/400 beyond; the model's own
 # file tools have their per-file limits in tools_app.workspace).
 XAGENT_UPLOAD_MAX_BYTES = _positive_int("XAGENT_UPLOAD_MAX_BYTES", 25 * 1024 * 1024)

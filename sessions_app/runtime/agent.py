@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -44,7 +45,6 @@ logger = logging.getLogger(__name__)
 
 DELTA_FLUSH_S = 0.05
 INTERRUPT_POLL_S = 0.25
-HEARTBEAT_S = 10.0
 
 
 def loop_guard_limits() -> tuple[int, int, int]:
@@ -100,8 +100,9 @@ class SliceContext:
     proves the versions still hold (`RunnerWriter`), so nothing here is re-read per step.
     """
 
-    def __init__(self, session_id, token):
-        self.session_id, self.token = session_id, token
+    def __init__(self, session_id):
+        self.session_id = session_id
+        self.token = None
         self.writer: engine.RunnerWriter | None = None
         self.history = engine.RequestHistory()
         self.session: Session | None = None
@@ -112,6 +113,26 @@ class SliceContext:
         self._configuration_key = None
         self._system_text = None
 
+    @classmethod
+    def for_slice(cls, session_id, token) -> SliceContext:
+        """The context this process kept from the Session's last slice, if any (history is
+        append-only and configuration carries its versions, so it only needs catching up)."""
+        with _kept_lock:
+            context = _kept_contexts.pop(str(session_id), None)
+        context = context or cls(session_id)
+        context.token, context.writer = token, None
+        return context
+
+    def keep(self) -> None:
+        """Hand the context to this Session's next slice in this process. A slice takes it and
+        keeps it back when it ends, so two slices never share one."""
+        self.writer = None
+        with _kept_lock:
+            _kept_contexts[str(self.session_id)] = self
+            _kept_contexts.move_to_end(str(self.session_id))
+            while len(_kept_contexts) > MAX_KEPT_CONTEXTS:
+                _kept_contexts.popitem(last=False)
+
     @property
     def current(self) -> bool:
         return self.writer is not None and self.writer.current and self.turn_id is not None
@@ -121,6 +142,7 @@ class SliceContext:
         tenant_version = session.tenant.config_version
         if self.writer is None:
             self.writer = engine.RunnerWriter(self.session_id, self.token, session.tenant_id)
+            self.turn_id = None  # a new slice re-reads the turn's progress
         self.session = session
         key = (session.config_version, tenant_version, session.model_config_id)
         if key != self._configuration_key:
@@ -204,6 +226,11 @@ class SliceContext:
         return approval_policy.evaluate(ctx.tenant_id, policy_facts(tool), args, rules=self.policy_rules)
 
 
+MAX_KEPT_CONTEXTS = 64
+_kept_contexts: OrderedDict[str, SliceContext] = OrderedDict()
+_kept_lock = threading.Lock()
+
+
 class InterruptWatcher:
     """Polls the queue for an interrupt while the slice works, and fires `cancel`; keeps the
     lease alive through a long model call or tool.
@@ -227,11 +254,13 @@ class InterruptWatcher:
 
         try:
             last_beat = time.monotonic()
+            # Beat well inside the lease, so a slow model call never lets it lapse.
+            beat_every = min(10.0, settings.XAGENT_RUNNER_LEASE_SECONDS / 3)
             while not self._stop.wait(INTERRUPT_POLL_S):
                 if engine.queued_inputs(self.session_id, [InputKind.INTERRUPT]).exists():
                     self.cancel.set()
                     return
-                if self.heartbeat is not None and time.monotonic() - last_beat >= HEARTBEAT_S:
+                if self.heartbeat is not None and time.monotonic() - last_beat >= beat_every:
                     # A long model call must not let the lease lapse (another runner would take over).
                     self.heartbeat()
                     last_beat = time.monotonic()
@@ -284,7 +313,7 @@ def _signature(name: str, arguments: str) -> str:
 class AgentService:
     def __init__(self, session_id, token, heartbeat=None):
         self.session_id, self.token, self.heartbeat = session_id, token, heartbeat
-        self.context = SliceContext(session_id, token)
+        self.context = SliceContext.for_slice(session_id, token)
         self.cancel = CancelSignal()
         self._watcher: InterruptWatcher | None = None
         self.tool_service = ToolService(approval_hook=self.context.approval_verdict)
@@ -311,17 +340,29 @@ class AgentService:
         self.cancel = CancelSignal()
         self.invalidate()
 
-    def close(self) -> None:
-        """End of the slice: stop watching; keep the turn's step count and loop-guard memory."""
+    def pause(self) -> None:
+        """Before the slice releases (or offers to release) its lease: stop watching, write the
+        turn's step count and loop-guard memory; a slice that goes on re-reads first."""
         self._stop_watching()
         context = self.context
-        if context.turn_id is None or context.writer is None or context.progress == context.progress_saved:
-            return
         try:
-            engine.save_progress(context.writer, context.turn_id, context.progress)
+            if (
+                context.turn_id is not None
+                and context.writer is not None
+                and context.progress != context.progress_saved
+            ):
+                engine.save_progress(context.writer, context.turn_id, context.progress)
+                context.progress_saved = copy.deepcopy(context.progress)
         except engine.LeaseLost:
-            return
-        context.progress_saved = copy.deepcopy(context.progress)
+            pass
+        finally:
+            self.invalidate()
+
+    def close(self) -> None:
+        """End of the slice: pause, and keep the context for this Session's next slice here."""
+        self.pause()
+        if self.context.writer is not None:
+            self.context.keep()
 
     def _watch(self) -> None:
         if self._watcher is None:

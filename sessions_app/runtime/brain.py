@@ -15,7 +15,6 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 
 from django.db import transaction
 from django.db.models import Q
@@ -30,7 +29,6 @@ from .agent import AgentService
 
 logger = logging.getLogger(__name__)
 
-LEASE_S = engine.LEASE_S
 SLICE_MAX_STEPS = 8
 SLICE_MAX_SECONDS = 30.0
 TURN_STARTING_KINDS = (InputKind.MESSAGE, InputKind.GUIDANCE)
@@ -104,22 +102,31 @@ def wake(session_id) -> None:
 
 def acquire(session_id) -> uuid.UUID | None:
     """Claim the runner lease (compare-and-set). None: someone else runs; they were flagged."""
+    return claim(session_id)[0]
+
+
+def claim(session_id) -> tuple[uuid.UUID | None, bool]:
+    """Claim the runner lease: (token or None, whether it was taken over from a lost runner —
+    a lease that lapsed without being released, which is when calls can be left unanswered)."""
     token = uuid.uuid4()
     now = timezone.now()
-    claimed = (
-        Session.objects.filter(pk=session_id)
-        .filter(Q(runner_token__isnull=True) | Q(lease_expires_at__lt=now))
-        .update(runner_token=token, lease_expires_at=now + timedelta(seconds=LEASE_S), wake_requested=False)
-    )
-    if claimed:
-        return token
-    Session.objects.filter(pk=session_id).update(wake_requested=True)
-    return None
+    fields = {
+        "runner_token": token,
+        "lease_expires_at": now + engine.lease_duration(),
+        "wake_requested": False,
+    }
+    sessions = Session.objects.filter(pk=session_id)
+    if sessions.filter(runner_token__isnull=True).update(**fields):
+        return token, False
+    if sessions.filter(lease_expires_at__lt=now).update(**fields):
+        return token, True
+    sessions.update(wake_requested=True)
+    return None, False
 
 
 def heartbeat(session_id, token) -> None:
     extended = Session.objects.filter(pk=session_id, runner_token=token).update(
-        lease_expires_at=timezone.now() + timedelta(seconds=LEASE_S)
+        lease_expires_at=timezone.now() + engine.lease_duration()
     )
     if not extended:
         raise engine.LeaseLost(f"session {session_id}: lease lost")
@@ -156,7 +163,7 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
     """One bounded slice of work for one Session. Returns what happened (for logs and tests)."""
     if not Session.objects.filter(pk=session_id).exists():
         return "gone"
-    token = acquire(session_id)
+    token, took_over = claim(session_id)
     if token is None:
         return "busy"
     session = Session.objects.only("tenant_id").get(pk=session_id)
@@ -172,11 +179,12 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
     outcome = "released"
     deadline = time.monotonic() + max_seconds
     try:
-        # Once per slice: only a lost runner (a crash, a killed worker) leaves calls unanswered.
-        engine.close_dangling_calls(session_id, token)
+        if took_over:
+            # Only a lost runner (a crash, a killed worker) leaves calls unanswered.
+            engine.close_dangling_calls(session_id, token)
         while True:
             if steps >= max_steps or time.monotonic() >= deadline:
-                agent.close()
+                agent.pause()
                 release(session_id, token, keep_if_work=False)
                 outcome = "yielded"
                 break
@@ -185,7 +193,7 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
             consumed += progress.consumed
             if progress.steps or progress.consumed or progress.again:
                 continue
-            agent.close()
+            agent.pause()
             if not release(session_id, token):
                 break
     except engine.LeaseLost:

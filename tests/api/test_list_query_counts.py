@@ -100,3 +100,22 @@ def test_approvals_lists(request, persona, tenant_a, owner_a, member_a):
         f"/api/v1/sessions/{members.pk}/approvals/",
     ):
         assert_constant_in_page_size(client, url)
+
+
+def test_api_keys_tools_and_events(api_owner_a, tenant_a, owner_a):
+    from tenancy_app.actions import do_issue_api_key
+    from tools_app.models import Tool
+
+    for i in range(ROWS):
+        do_issue_api_key(tenant_a, owner_a, f"key {i}")
+        Tool.objects.create(tenant=tenant_a, name=f"tenant_tool_{i}", description="d", input_schema={})
+    assert_constant_in_page_size(api_owner_a, "/api/v1/api-keys/")
+    assert_constant_in_page_size(api_owner_a, "/api/v1/tools/")
+
+    # The event log pages by `after`, not page_size: a long page costs what a short one does.
+    session = engine.create_session(tenant=tenant_a, owner=owner_a, title="events")
+    for i in range(ROWS):
+        engine.enqueue_input(session.pk, kind="message", payload={"text": f"m{i}"})
+    few = queries_for(api_owner_a, f"/api/v1/sessions/{session.pk}/events/?after={ROWS - 1}")
+    many = queries_for(api_owner_a, f"/api/v1/sessions/{session.pk}/events/?after=0")
+    assert few == many

@@ -2,6 +2,9 @@
 dangling call `interrupted`, never runs it again, and the next request is valid."""
 
 import json
+from datetime import timedelta
+
+from django.utils import timezone
 
 from sessions_app.models import Message, Session, SessionEvent, Turn
 from sessions_app.runtime import brain, engine
@@ -31,8 +34,8 @@ def test_a_call_left_without_a_result_is_closed_interrupted_and_not_rerun(
         ok=True,
         summary="ok",
     )
-    # The worker dies here: c2 has no result, and its lease lapses.
-    Session.objects.filter(pk=session.pk).update(runner_token=None, lease_expires_at=None)
+    # The worker dies here: c2 has no result, and its lease lapses (never released).
+    Session.objects.filter(pk=session.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     model_server.script("agent", text_reply("b.txt may not exist; I will not assume it does."))
 
     drive_until_idle(session)

@@ -9,7 +9,7 @@ from sessions_app.models import Message, ModelCall, Session, Turn
 from sessions_app.runtime import brain, engine
 from sessions_app.runtime.agent import AgentService
 from sessions_app.runtime.llm.config import OPENAI_PROVIDER, EffectiveModel
-from sessions_app.runtime.llm.openai_provider import OpenAIChatProvider, client_for
+from sessions_app.runtime.llm.openai_provider import OpenAIChatProvider, client_for, request_body
 
 from .helpers import assert_gap_free, new_session, send, writer_for
 
@@ -81,3 +81,43 @@ def test_a_step_does_not_open_when_an_input_waits_and_events_from_elsewhere_keep
     assert ModelCall.objects.count() == calls_before
     assert not agent.current
     assert_gap_free(session)
+
+
+@pytest.mark.django_db
+def test_a_policy_rule_added_mid_turn_applies_to_the_next_call_of_the_same_slice(tenant_a, owner_a):
+    """The slice loads the policy once; a tenant's configuration change (its version) makes the
+    next step's opening commit fail, so the slice re-reads before that call runs."""
+    from approvals_app.models import ApprovalPolicy, ApprovalRule
+
+    session = new_session(tenant_a, owner_a)
+    send(session, "start")
+    token = brain.acquire(session.pk)
+    turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
+    agent = AgentService(session.pk, token)
+    agent.prepare(turn.pk)
+    policy = ApprovalPolicy.objects.create(tenant=tenant_a, name="strict", priority=1)
+    ApprovalRule.objects.create(
+        tenant=tenant_a, policy=policy, tool_glob="fs_list", action="deny", reason="no"
+    )
+
+    with pytest.raises(engine.StaleSlice):
+        engine.begin_model_call(agent.context.writer, turn.pk, agent.context.request())
+    agent.prepare(turn.pk)
+    verdict = agent.context.approval_verdict(agent.context.tools["fs_list"], {}, agent.context.tool_context)
+    assert verdict.action == "deny" and verdict.reason == "no"
+    agent.close()
+
+
+def test_the_request_body_carries_history_as_encoded_and_the_right_token_limit():
+    import json as jsonlib
+
+    history = engine.RequestHistory()
+    history.set_system("be brief")
+    body = request_body(model(), history.messages, [])
+    decoded = jsonlib.loads(body)
+    assert decoded["messages"] == [{"role": "system", "content": "be brief"}]
+    assert decoded["max_tokens"] == 100 and "max_completion_tokens" not in decoded  # a compatible server
+    official = jsonlib.loads(
+        request_body(model(base_url="https://api.openai.com/v1"), [{"role": "user", "content": "x"}], [])
+    )
+    assert official["max_completion_tokens"] == 100 and "max_tokens" not in official

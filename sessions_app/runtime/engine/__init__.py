@@ -19,7 +19,7 @@ from .context import (
     prompt_blob,
     system_prompt,
 )
-from .fencing import LEASE_S, LeaseLost, RunnerWriter, StaleSlice, locked_session
+from .fencing import LeaseLost, RunnerWriter, StaleSlice, lease_duration, locked_session
 from .history import (
     GUIDANCE_FRAME,
     INTERRUPTED_CALL_TEXT,
@@ -64,7 +64,6 @@ __all__ = [
     "BASE_SYSTEM_PROMPT",
     "GUIDANCE_FRAME",
     "INTERRUPTED_CALL_TEXT",
-    "LEASE_S",
     "STATUS_AFTER_TURN",
     "AssembledRequest",
     "CallOutcome",
@@ -91,6 +90,7 @@ __all__ = [
     "finish_turn",
     "has_pending_work",
     "input_text",
+    "lease_duration",
     "locked_session",
     "plan_create",
     "plan_update",

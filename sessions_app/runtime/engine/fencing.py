@@ -16,6 +16,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -25,7 +26,9 @@ from tenancy_app.models import Tenant
 from ...models import Session
 from .. import events
 
-LEASE_S = 60
+
+def lease_duration() -> timedelta:
+    return timedelta(seconds=settings.XAGENT_RUNNER_LEASE_SECONDS)
 
 
 class LeaseLost(Exception):
@@ -96,7 +99,7 @@ class RunnerWriter:
 
     def _fence(self, stand_in: Session, opens_step: bool, increments: dict[str, int]) -> None:
         pending = getattr(stand_in, events.PENDING_EVENTS)
-        lease = timezone.now() + timedelta(seconds=LEASE_S)
+        lease = timezone.now() + lease_duration()
         if self.known_seq is not None and _compare_and_set(
             self,
             new_seq=self.known_seq + len(pending),
