@@ -13,6 +13,8 @@ import logging
 import os
 import queue
 import threading
+from dataclasses import dataclass
+from datetime import datetime
 
 from channels.layers import get_channel_layer
 from django.db import connection, transaction
@@ -32,7 +34,30 @@ def tenant_sessions_group(tenant_id) -> str:
     return f"tenant-sessions-{tenant_id}"
 
 
-def emit(session: Session, type: str, data: dict) -> SessionEvent:
+@dataclass
+class SessionRef:
+    """What of a Session row writing its events needs: a runner's fenced commit works on this
+    instead of the row (it never reads the row on its fast path)."""
+
+    pk: object
+    tenant_id: int
+    last_event_seq: int
+
+
+@dataclass
+class NewEvent:
+    """An event taking its place in the log (a SessionEvent row once written)."""
+
+    seq: int
+    type: str
+    data: dict
+    created_at: datetime | None = None
+
+    def as_dict(self) -> dict:
+        return {"seq": self.seq, "type": self.type, "ts": self.created_at.isoformat(), "data": self.data}
+
+
+def emit(session: Session | SessionRef, type: str, data: dict) -> NewEvent:
     """Append one event; `session` must be the row locked in the current transaction.
 
     Inside an event batch (`locked_session`, the runner's fenced commits) the event only takes
@@ -40,15 +65,13 @@ def emit(session: Session, type: str, data: dict) -> SessionEvent:
     them with one message after commit. Outside a batch it is written at once.
     """
     session.last_event_seq += 1
-    event = SessionEvent(
-        tenant_id=session.tenant_id, session_id=session.pk, seq=session.last_event_seq, type=type, data=data
-    )
+    event = NewEvent(seq=session.last_event_seq, type=type, data=data)
     pending = getattr(session, PENDING_EVENTS, None)
     if pending is not None:
         pending.append(event)
         return event
     Session.objects.filter(pk=session.pk).update(last_event_seq=session.last_event_seq)
-    event.save()
+    _insert(session, [event])
     _broadcast_after_commit(session, [event])
     return event
 
@@ -56,12 +79,12 @@ def emit(session: Session, type: str, data: dict) -> SessionEvent:
 PENDING_EVENTS = "_pending_events"
 
 
-def open_batch(session: Session) -> None:
+def open_batch(session: Session | SessionRef) -> None:
     """From now on `emit(session, …)` collects events until `flush_batch`."""
     setattr(session, PENDING_EVENTS, [])
 
 
-def flush_batch(session: Session, *, write_seq: bool = True) -> list[SessionEvent]:
+def flush_batch(session: Session | SessionRef, *, write_seq: bool = True) -> list[NewEvent]:
     """Write the collected events (one INSERT) and, unless the caller's own Session update carries
     it, the new `last_event_seq`; schedule one broadcast for after commit. Closes the batch."""
     events = getattr(session, PENDING_EVENTS, None) or []
@@ -70,39 +93,52 @@ def flush_batch(session: Session, *, write_seq: bool = True) -> list[SessionEven
         return []
     if write_seq:
         Session.objects.filter(pk=session.pk).update(last_event_seq=session.last_event_seq)
-    _insert(events)
+    _insert(session, events)
     _broadcast_after_commit(session, events)
     return events
 
 
-_INSERTED_FIELDS = ("tenant", "session", "seq", "type", "data", "created_at")
+def discard_batch(session: Session | SessionRef) -> None:
+    setattr(session, PENDING_EVENTS, None)
 
 
-def _insert(events: list[SessionEvent]) -> None:
-    """One multi-row INSERT. Hand-written (values prepared by the model's own fields) because
-    every step commits three batches and `bulk_create` spent more time in Python than SQLite
-    spent writing them; nothing here needs the rows' ids back."""
+_COLUMNS = ("tenant", "session", "seq", "type", "data", "created_at")
+
+
+def _insert(session: Session | SessionRef, events: list[NewEvent]) -> None:
+    """One multi-row INSERT. Hand-written (values prepared by SessionEvent's own fields) because
+    every step commits three batches and `bulk_create` spent more time in Python than the
+    database spent writing them; nothing here needs the rows' ids back."""
     now = timezone.now()
-    fields = [SessionEvent._meta.get_field(name) for name in _INSERTED_FIELDS]
+    field = SessionEvent._meta.get_field
+    tenant, session_id = (
+        field("tenant").get_db_prep_save(session.tenant_id, connection),
+        field("session").get_db_prep_save(session.pk, connection),
+    )
+    created_at = field("created_at").get_db_prep_save(now, connection)
+    data = field("data")
     params = []
     for event in events:
         event.created_at = now
-        params += [field.get_db_prep_save(getattr(event, field.attname), connection) for field in fields]
+        params += [
+            tenant,
+            session_id,
+            event.seq,
+            event.type,
+            data.get_db_prep_save(event.data, connection),
+            created_at,
+        ]
     quote = connection.ops.quote_name
-    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    row = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
     sql = (
-        f"INSERT INTO {quote(SessionEvent._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
-        f"VALUES {', '.join([row] * len(events))}"
+        f"INSERT INTO {quote(SessionEvent._meta.db_table)} "
+        f"({', '.join(quote(field(name).column) for name in _COLUMNS)}) VALUES {', '.join([row] * len(events))}"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
 
 
-def discard_batch(session: Session) -> None:
-    setattr(session, PENDING_EVENTS, None)
-
-
-def _broadcast_after_commit(session: Session, events: list[SessionEvent]) -> None:
+def _broadcast_after_commit(session: Session | SessionRef, events: list[NewEvent]) -> None:
     payloads = [event.as_dict() for event in events]
     message = (
         {"type": "session.event", "event": payloads[0]}

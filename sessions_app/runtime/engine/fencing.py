@@ -86,7 +86,9 @@ class RunnerWriter:
     def commit(self, *, opens_step: bool = False, increments: dict[str, int] | None = None):
         """One fenced transaction. Yields a Session stand-in to `emit` on; `increments` are
         counters of the Session row the fencing statement itself adds to (e.g. token usage)."""
-        stand_in = Session(pk=self.session_id, tenant_id=self.tenant_id, last_event_seq=self.known_seq or 0)
+        stand_in = events.SessionRef(
+            pk=self.session_id, tenant_id=self.tenant_id, last_event_seq=self.known_seq or 0
+        )
         with transaction.atomic():
             events.open_batch(stand_in)
             try:
@@ -97,7 +99,7 @@ class RunnerWriter:
                 raise
             events.flush_batch(stand_in, write_seq=False)
 
-    def _fence(self, stand_in: Session, opens_step: bool, increments: dict[str, int]) -> None:
+    def _fence(self, stand_in: events.SessionRef, opens_step: bool, increments: dict[str, int]) -> None:
         pending = getattr(stand_in, events.PENDING_EVENTS)
         lease = timezone.now() + lease_duration()
         if self.known_seq is not None and _compare_and_set(
