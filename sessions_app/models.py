@@ -144,10 +144,6 @@ class Turn(TenantOwnedModel):
         ordering = ["id"]
         constraints = [models.UniqueConstraint(fields=["session", "number"], name="unique_turn_number")]
 
-    @property
-    def is_open(self) -> bool:
-        return self.ended_at is None
-
 
 class Message(TenantOwnedModel):
     """Append-only history. Raw history is never deleted, compression only moves the window."""

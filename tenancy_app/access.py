@@ -1,16 +1,15 @@
 """The one tenant-scoped read path (ARCHITECTURE §8).
 
 Which tenant a request acts for is decided here, for REST, browser pages, WebSockets and
-admin alike: an API key's own tenant, else the logged-in user's chosen membership.
-Objects are loaded through `access_*` helpers that answer 404 across tenants.
+admin alike: an API key's own tenant, else the logged-in user's chosen membership. Rows are
+then read through that tenant's querysets (`for_tenant`, `TenantScopedViewSet`), so another
+tenant's object is a 404.
 """
 
 from __future__ import annotations
 
-from django.http import Http404
-
 from .choices import ADMIN_ROLES
-from .models import Membership, Tenant
+from .models import Membership
 
 SESSION_TENANT_KEY = "xagent_tenant"
 
@@ -42,11 +41,3 @@ def admin_tenant_ids(user) -> list[int]:
     return list(
         Membership.objects.filter(user=user, role__in=list(ADMIN_ROLES)).values_list("tenant_id", flat=True)
     )
-
-
-def access_object(queryset, tenant: Tenant, **lookup):
-    """Load one tenant-owned object, or 404 — never a 403 that would confirm it exists."""
-    try:
-        return queryset.for_tenant(tenant).get(**lookup)
-    except (queryset.model.DoesNotExist, ValueError, TypeError):
-        raise Http404(f"No {queryset.model._meta.verbose_name} matches the given query.") from None

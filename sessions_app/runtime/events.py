@@ -210,21 +210,6 @@ def _broadcaster() -> Broadcaster:
         return _broadcaster_instance
 
 
-def flush_broadcasts(timeout: float = 5.0) -> None:
-    """Wait until what was handed to the broadcaster so far has been sent (tests, shutdown)."""
-    done = threading.Event()
-    _broadcaster().send(_Marker(done), "", {})
-    done.wait(timeout)
-
-
-class _Marker:
-    def __init__(self, done: threading.Event):
-        self.done = done
-
-    async def group_send(self, group, message) -> None:
-        self.done.set()
-
-
 def broadcast_delta(session_id, model_call_id: int, text: str) -> None:
     """`model.delta`: live only, never logged, `seq` null (CONTRACT Events)."""
     broadcast(
