@@ -121,3 +121,21 @@ def test_the_request_body_carries_history_as_encoded_and_the_right_token_limit()
         request_body(model(base_url="https://api.openai.com/v1"), [{"role": "user", "content": "x"}], [])
     )
     assert official["max_completion_tokens"] == 100 and "max_tokens" not in official
+
+
+def test_a_server_asked_wait_is_honoured_and_capped():
+    import httpx2 as httpx
+    import openai
+
+    from sessions_app.runtime.llm.openai_provider import MAX_RETRY_AFTER_S, _retry_after
+
+    def rate_limited(**headers):
+        request = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
+        response = httpx.Response(429, headers=headers, request=request)
+        return openai.RateLimitError("slow down", response=response, body=None)
+
+    assert _retry_after(rate_limited(**{"retry-after-ms": "250"})) == 0.25
+    assert _retry_after(rate_limited(**{"retry-after": "2"})) == 2.0
+    assert _retry_after(rate_limited(**{"retry-after": "3600"})) == MAX_RETRY_AFTER_S
+    assert _retry_after(rate_limited(**{"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})) is None
+    assert _retry_after(rate_limited()) is None

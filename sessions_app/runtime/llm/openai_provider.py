@@ -25,8 +25,13 @@ from .config import EffectiveModel
 
 logger = logging.getLogger(__name__)
 
+# Retries are ours, not the SDK's (`max_retries=0`): each attempt's error is evidence on the
+# model call, the wait between attempts ends at once on an interrupt, a refusal by the outbound
+# guard is never retried, and a stream that fails midway is retried whole (the SDK retries
+# only the opening request). Like the SDK, a server's Retry-After is honoured (capped).
 MAX_ATTEMPTS = 3
 BACKOFF_S = (0.5, 2.0)
+MAX_RETRY_AFTER_S = 30.0
 # Connect fast, but let a slow model think: the read timeout bounds silence between chunks.
 TIMEOUT = openai.Timeout(connect=10.0, read=120.0, write=30.0, pool=10.0)
 
@@ -72,6 +77,20 @@ def client_for(model: EffectiveModel) -> openai.OpenAI:
             # Not closed: another thread may be streaming through it; its pool is freed with it.
             _clients.popitem(last=False)
         return client
+
+
+def _retry_after(exc: Exception) -> float | None:
+    """How long the server asked us to wait (OpenAI's `retry-after-ms`, else `retry-after` in
+    seconds), capped; None when it did not say."""
+    response = getattr(exc, "response", None)
+    if response is None:
+        return None
+    for header, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            return min(max(float(response.headers[header]) * scale, 0.0), MAX_RETRY_AFTER_S)
+        except (KeyError, ValueError):
+            continue
+    return None
 
 
 def uses_max_completion_tokens(model: EffectiveModel) -> bool:
@@ -133,7 +152,7 @@ class OpenAIChatProvider:
                 errors.append(f"{exc.__class__.__name__}: {exc}"[:500])
                 if not _is_transient(exc) or attempt == MAX_ATTEMPTS:
                     raise ModelCallFailed(errors[-1], attempt, errors) from exc
-                delay = BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)]
+                delay = _retry_after(exc) or BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)]
                 logger.warning(
                     "model call attempt %s failed (%s); retrying in %.1fs", attempt, errors[-1], delay
                 )
