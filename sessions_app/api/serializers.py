@@ -176,11 +176,16 @@ class InputAcceptedSerializer(serializers.Serializer):
 
 
 class MessageSerializer(serializers.ModelSerializer):
+    # Which input a user message came from ("message" or "guidance", null otherwise): guidance is
+    # stored as written and framed only for the model, so clients label it from this.
+    input_kind = serializers.CharField(source="input.kind", default=None, read_only=True, allow_null=True)
+
     class Meta:
         model = Message
         fields = [
             "id",
             "role",
+            "input_kind",
             "content",
             "tool_calls",
             "tool_call_id",

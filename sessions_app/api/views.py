@@ -161,7 +161,7 @@ class SessionViewSet(
     def messages(self, request, pk=None):
         session = self.get_object()
         after = _int_param(request, "after")
-        page = self.paginate_queryset(session.messages.filter(id__gt=after))
+        page = self.paginate_queryset(session.messages.filter(id__gt=after).select_related("input"))
         return self.get_paginated_response(MessageSerializer(page, many=True).data)
 
     @extend_schema(

@@ -27,7 +27,6 @@
   const boot = JSON.parse(bootNode.textContent);
   const $ = (id) => document.getElementById(id);
 
-  const GUIDANCE_PREFIX = "[Guidance from the user";
   const INTERRUPTIBLE = new Set(["running", "preparing", "waiting_approval"]); // parked: cancels the approval
   const WORKING = new Set(["running", "preparing", "waiting_approval", "compressing"]);
   const FIRST_INPUT_NOTE_KEY = "xagent.firstInputFailed"; // set by home.js when the goal could not be queued
@@ -314,11 +313,10 @@
       toolResult(message);
       return;
     }
-    let content = message.content || "";
+    const content = message.content || "";
     let extra = "";
-    if (message.role === "user" && content.startsWith(GUIDANCE_PREFIX)) {
+    if (message.role === "user" && message.input_kind === "guidance") {
       extra = "guidance";
-      content = content.slice(content.indexOf("\n") + 1);
     }
     const item = messageShell(message, extra);
     if (content) item.append(el("div", { className: "message-body" }, richText(content)));

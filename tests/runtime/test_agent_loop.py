@@ -114,7 +114,7 @@ def test_repeated_identical_failing_calls_end_the_turn_blocked(session, model_se
     assert session.status == "idle" and "loop guard" in session.status_reason
 
 
-def test_guidance_joins_the_next_request_of_the_same_turn(session, model_server):
+def test_guidance_joins_the_next_request_of_the_same_turn(session, model_server, api_owner_a):
     model_server.script(
         "agent",
         tool_reply([tool_call("fs_write", {"path": "a.txt", "content": "a"})]),
@@ -129,8 +129,11 @@ def test_guidance_joins_the_next_request_of_the_same_turn(session, model_server)
 
     first, second = model_server.requests_for("agent")
     assert "answer in French" not in json.dumps(first.messages)
-    assert "answer in French" in second.messages[-1]["content"]
+    assert second.messages[-1]["content"] == engine.GUIDANCE_FRAME + "answer in French"
     guidance_message = Message.objects.get(input=guidance)
+    assert guidance_message.content == "answer in French"  # stored as written, framed on the wire
+    listed = api_owner_a.get(f"/api/v1/sessions/{session.pk}/messages/").json()["results"]
+    assert [m["input_kind"] for m in listed if m["role"] == "user"] == ["message", "guidance"]
     evidence = ModelCall.objects.filter(session=session).order_by("id")
     assert evidence[0].last_message_id < guidance_message.pk <= evidence[1].last_message_id
     turns = Turn.objects.filter(session=session)
