@@ -11,7 +11,7 @@ from sessions_app.runtime.agent import AgentService
 from sessions_app.runtime.llm.config import OPENAI_PROVIDER, EffectiveModel
 from sessions_app.runtime.llm.openai_provider import OpenAIChatProvider, client_for, request_body
 
-from .helpers import assert_gap_free, new_session, send, writer_for
+from .helpers import assert_gap_free, drive_until_idle, new_session, send, writer_for
 
 
 def model(**changes) -> EffectiveModel:
@@ -139,3 +139,28 @@ def test_a_server_asked_wait_is_honoured_and_capped():
     assert _retry_after(rate_limited(**{"retry-after": "3600"})) == MAX_RETRY_AFTER_S
     assert _retry_after(rate_limited(**{"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})) is None
     assert _retry_after(rate_limited()) is None
+
+
+class InstantModel:
+    """An in-process model (the XAGENT_MODEL_PROVIDER seam): answers at once, no HTTP."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def complete(self, messages, tools, *, purpose, on_delta=None, cancel=None):
+        from sessions_app.runtime.llm.base import ModelResult
+
+        return ModelResult(text=f"{len(messages)} messages seen", finish_reason="stop")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_in_process_model_plugs_in_by_dotted_path(tenant_a, owner_a, settings):
+    settings.XAGENT_MODEL_PROVIDER = f"{__name__}.InstantModel"
+    session = new_session(tenant_a, owner_a)
+    send(session, "hello")
+    drive_until_idle(session)
+
+    call = ModelCall.objects.get(session=session)
+    assert (call.provider, call.model) == ("in-process", "InstantModel")
+    answer = Message.objects.get(session=session, role="assistant")
+    assert answer.content == "2 messages seen"  # the system message and the user's

@@ -13,6 +13,7 @@ from ...models import ModelConfig, Session
 
 DEMO_PROVIDER = "demo"
 OPENAI_PROVIDER = "openai"
+IN_PROCESS_PROVIDER = "in-process"  # the class XAGENT_MODEL_PROVIDER names
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def resolve_model(session: Session, tenant_default=_LOOK_UP) -> EffectiveModel:
         )
     if settings.XAGENT_MODEL_PROVIDER:
         return EffectiveModel(
-            provider=settings.XAGENT_MODEL_PROVIDER,
+            provider=IN_PROCESS_PROVIDER,
             name="in-process",
             model=settings.XAGENT_MODEL or settings.XAGENT_MODEL_PROVIDER.rpartition(".")[2],
             base_url="",

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from functools import cache
 
+from django.conf import settings
 from django.utils.module_loading import import_string
 
-from .config import DEMO_PROVIDER, OPENAI_PROVIDER, EffectiveModel
+from .config import DEMO_PROVIDER, IN_PROCESS_PROVIDER, OPENAI_PROVIDER, EffectiveModel
 
 
 def provider_for(model: EffectiveModel):
     """A provider with `complete(messages, tools, *, purpose, on_delta, cancel) -> ModelResult`."""
+    if model.provider == IN_PROCESS_PROVIDER:
+        return _provider_class(settings.XAGENT_MODEL_PROVIDER)(model)
     return _provider_class(model.provider)(model)
 
 
