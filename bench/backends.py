@@ -30,7 +30,7 @@ REDIS_URL = "redis://127.0.0.1:6379/11"
 # ModelConfig, and turn limits far above the longest scripted turn, so only the script ends it.
 COMMON_ENV = {
     "DJANGO_SETTINGS_MODULE": "config.settings",
-    "XAGENT_MODEL_PROVIDER": "bench.models.ZeroLatencyModel",
+    "XAGENT_MODEL_PROVIDER": "bench.models.Zero",  # ZeroLatencyModel, see bench/models.py
     "XAGENT_MAX_STEPS_PER_TURN": "100000",
     "XAGENT_LOOP_GUARD_REPEATS": "100000",
     "XAGENT_LOOP_GUARD_IDLE_ROUNDS": "100000",

@@ -133,7 +133,8 @@ def stored_bytes() -> int:
     tables = connection.introspection.table_names()
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT COALESCE(SUM(pg_total_relation_size(quote_ident(t))), 0) FROM unnest(%s) t", [tables]
+            "SELECT COALESCE(SUM(pg_total_relation_size(quote_ident(t))), 0) FROM unnest(%s::text[]) t",
+            [tables],
         )
         return int(cursor.fetchone()[0])
 
