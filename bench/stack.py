@@ -1,0 +1,95 @@
+"""The real stack, started from a child process on its database: daphne (`manage.py runstack`)
+and, in production mode, Celery worker processes (`celery -A config worker`, as the README's
+production section runs them). In embedded mode runstack's in-process worker does the work.
+
+Plus the two clients the scenarios use: the REST API (httpx2) and a Session's WebSocket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import datetime
+from pathlib import Path
+
+import httpx2 as httpx
+from websockets.sync.client import connect
+
+from tests.integration.processes import free_port, running, wait_for_http
+
+
+def worker_command(concurrency: int) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "config", "worker", "--concurrency", str(concurrency)] + [
+        "--loglevel",
+        "WARNING",
+        "--without-mingle",
+        "--without-gossip",
+        "--hostname",
+        f"bench-{os.getpid()}@%h",
+    ]
+
+
+@contextmanager
+def live_stack(worker_processes: int = 2) -> Iterator[str]:
+    """Serve the product until the block ends; yields "127.0.0.1:<port>" once /healthz answers."""
+    from django.conf import settings
+
+    env = {**os.environ}
+    logs = Path(tempfile.mkdtemp(prefix="stack-", dir=os.environ.get("XAGENT_WORKSPACES_DIR")))
+    port = free_port()
+    with ExitStack() as stack:
+        web = stack.enter_context(
+            running([sys.executable, "manage.py", "runstack", "--port", str(port)], env, logs / "web.log")
+        )
+        if not settings.EMBEDDED:
+            stack.enter_context(running(worker_command(worker_processes), env, logs / "worker.log"))
+            wait_for_worker()
+        wait_for_http(f"http://127.0.0.1:{port}/healthz", web, logs / "web.log")
+        yield f"127.0.0.1:{port}"
+
+
+def wait_for_worker(timeout_s: float = 60) -> None:
+    """Block until a Celery worker answers `config.ping` through the broker (and the shared cache)."""
+    import uuid
+
+    from django.core.cache import cache
+
+    from config.celery import PING_CACHE_PREFIX, ping
+
+    nonce = uuid.uuid4().hex
+    ping.delay(nonce)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cache.get(PING_CACHE_PREFIX + nonce) == "pong":
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"no Celery worker answered within {timeout_s:.0f} s")
+
+
+def api_client(address: str, key: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=f"http://{address}/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=60
+    )
+
+
+@contextmanager
+def session_socket(address: str, key: str, session_id) -> Iterator:
+    with connect(f"ws://{address}/ws/sessions/{session_id}/?token={key}", max_size=None) as socket:
+        yield socket
+
+
+def receive_event(socket, timeout_s: float = 60) -> tuple[dict, float]:
+    """The next frame and the wall-clock time it arrived."""
+    frame = json.loads(socket.recv(timeout=timeout_s))
+    return frame, time.time()
+
+
+def event_time(frame: dict) -> float | None:
+    """When the event's row was written (its `ts`), as epoch seconds; None for live-only frames."""
+    stamp = frame.get("ts")
+    return datetime.fromisoformat(stamp).timestamp() if stamp else None
