@@ -78,9 +78,14 @@ class Backend:
     def child_env(self) -> dict:
         """A fresh copy of the migrated database and an empty workspace root, for one child."""
         self._children += 1
-        workspaces = self.root / f"workspaces-{self._children}"
+        workspaces, logs = self.root / f"workspaces-{self._children}", self.root / f"logs-{self._children}"
         workspaces.mkdir(parents=True)
-        return {**self.mode_env(self.fresh_database()), "XAGENT_WORKSPACES_DIR": str(workspaces)}
+        logs.mkdir()
+        return {
+            **self.mode_env(self.fresh_database()),
+            "XAGENT_WORKSPACES_DIR": str(workspaces),
+            "BENCH_LOG_DIR": str(logs),  # the stack's process logs (bench.stack)
+        }
 
     # Implemented per backend.
     def unavailable(self) -> str: ...

@@ -39,18 +39,28 @@ def live_stack(worker_processes: int = 2) -> Iterator[str]:
     """Serve the product until the block ends; yields "127.0.0.1:<port>" once /healthz answers."""
     from django.conf import settings
 
-    env = {**os.environ}
-    logs = Path(tempfile.mkdtemp(prefix="stack-", dir=os.environ.get("XAGENT_WORKSPACES_DIR")))
     port = free_port()
+    log = _log_dir() / "web.log"
     with ExitStack() as stack:
-        web = stack.enter_context(
-            running([sys.executable, "manage.py", "runstack", "--port", str(port)], env, logs / "web.log")
-        )
+        command = [sys.executable, "manage.py", "runstack", "--port", str(port)]
+        web = stack.enter_context(running(command, dict(os.environ), log))
         if not settings.EMBEDDED:
-            stack.enter_context(running(worker_command(worker_processes), env, logs / "worker.log"))
-            wait_for_worker()
-        wait_for_http(f"http://127.0.0.1:{port}/healthz", web, logs / "web.log")
+            stack.enter_context(workers(worker_processes))
+        wait_for_http(f"http://127.0.0.1:{port}/healthz", web, log)
         yield f"127.0.0.1:{port}"
+
+
+@contextmanager
+def workers(processes: int) -> Iterator[None]:
+    """`celery -A config worker` (prefork, `processes` children) until the block ends; production mode only."""
+    with running(worker_command(processes), dict(os.environ), _log_dir() / "worker.log"):
+        wait_for_worker()
+        yield
+
+
+def _log_dir() -> Path:
+    """Where the processes' output goes: the directory the parent gave this child (bench.backends)."""
+    return Path(tempfile.mkdtemp(prefix="stack-", dir=os.environ.get("BENCH_LOG_DIR")))
 
 
 def wait_for_worker(timeout_s: float = 60) -> None:

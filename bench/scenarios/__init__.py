@@ -36,7 +36,7 @@ SCENARIOS = {
             "load",
             "4. 200 Sessions × 20 steps on 2 worker processes",
             "load",
-            sqlite_skip="needs separate worker processes on PostgreSQL + Redis (embedded mode has one in-process worker)",
+            sqlite_skip="needs worker processes (PostgreSQL + Redis)",
         ),
         Scenario(
             "approvals", "5. Approval decide → original tool ran (REST decide, real stack)", "approvals"
