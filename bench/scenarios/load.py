@@ -12,6 +12,8 @@ runtime's own scheduling (bounded slices that re-enqueue) shares the workers bet
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 
 from ..figures import figure, target
@@ -38,7 +40,7 @@ def run(options: dict) -> dict:
     shape = f"{sessions} × {steps}" + (
         "" if len(runs) == options["runs"] else f", {len(runs)} run(s): time budget"
     )
-    fairness = median_of_runs(runs, "fairness")
+    fairness = median_fairness(runs)
     slowest = max(runs, key=lambda r: r["mid_run_max"])
     return {
         "figures": [
@@ -56,6 +58,12 @@ def run(options: dict) -> dict:
         ],
         "details": runs,
     }
+
+
+def median_fairness(runs: list[dict]) -> float | None:
+    """None (∞) counts as the largest value, not as a missing one."""
+    value = statistics.median(math.inf if r["fairness"] is None else r["fairness"] for r in runs)
+    return None if math.isinf(value) else value
 
 
 def runs_within_budget(measure_once, wanted: int) -> list[dict]:
