@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -59,12 +60,29 @@ def main(argv: list[str]) -> int:
     print()
     print(report.render(results, titles, {b.name: b.label for b in chosen}))
     path = report.write(
-        {"runs": runs, "quick": args.quick, "elapsed_s": round(elapsed, 1), "results": results}
+        {
+            "runs": runs,
+            "quick": args.quick,
+            "elapsed_s": round(elapsed, 1),
+            "machine": machine(),
+            "results": results,
+        }
     )
     print(
         f"\n{runs} run(s) per figure, medians; total {elapsed:.0f} s; written to {path.relative_to(PROJECT_ROOT)}"
     )
     return 0
+
+
+def machine() -> dict:
+    """What the figures depend on besides the code: comparable only on the same machine."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    return {
+        "commit": commit.stdout.strip(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def run_backend(backend: Backend, scenarios: list[str], options: dict) -> dict:

@@ -9,7 +9,6 @@ inside is rebuilt.
 from __future__ import annotations
 
 import math
-import os
 import resource
 import statistics
 import uuid
@@ -137,9 +136,3 @@ def stored_bytes() -> int:
             [tables],
         )
         return int(cursor.fetchone()[0])
-
-
-def environment_summary() -> dict:
-    from django.db import connection
-
-    return {"vendor": connection.vendor, "pid": os.getpid()}
