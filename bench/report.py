@@ -34,21 +34,34 @@ def comparison_figures(results: dict) -> list[dict]:
 
 def render(results: dict, titles: dict[str, str], backend_labels: dict[str, str]) -> str:
     columns = list(backend_labels)
-    header = ["figure", *backend_labels.values(), "target"]
     lines: list[list[str]] = []
     for scenario, title in titles.items():
         lines.append([title])
-        for label, cells in _rows(results, scenario, columns):
-            goal = next((c["target"]["text"] for c in cells.values() if c.get("target")), "")
-            lines.append(
-                ["  " + label, *(_cell(cells.get(col), results, col, scenario) for col in columns), goal]
-            )
+        lines += _scenario_lines(results, scenario, columns)
     comparison = results.get("comparison", [])
     if comparison:
         # Only when both columns ran; the ratio sits in the PostgreSQL column it describes.
         lines.append(["PostgreSQL + Redis vs SQLite (scenario 1)"])
         lines += [["  " + f["label"], "", render_value(f), f["target"]["text"]] for f in comparison]
-    return _table(header, lines)
+    return _table(["figure", *backend_labels.values(), "target"], lines)
+
+
+def _scenario_lines(results: dict, scenario: str, columns: list[str]) -> list[list[str]]:
+    """One line per figure; a column without figures says why (skipped, error) on the first line only."""
+    rows = _rows(results, scenario, columns) or [("(no figures)", {})]
+    lines = []
+    for index, (label, cells) in enumerate(rows):
+        goal = next((c["target"]["text"] for c in cells.values() if c.get("target")), "")
+        values = [
+            render_value(cells[col])
+            if col in cells
+            else _why_missing(results, col, scenario)
+            if index == 0
+            else ""
+            for col in columns
+        ]
+        lines.append(["  " + label, *values, goal])
+    return lines
 
 
 def write(payload: dict) -> Path:
@@ -68,9 +81,7 @@ def _rows(results: dict, scenario: str, columns: list[str]) -> list[tuple[str, d
     return list(rows.items())
 
 
-def _cell(fig: dict | None, results: dict, column: str, scenario: str) -> str:
-    if fig is not None:
-        return render_value(fig)
+def _why_missing(results: dict, column: str, scenario: str) -> str:
     outcome = results.get(column, {}).get(scenario, {})
     return outcome.get("skipped") or outcome.get("error") or "—"
 
