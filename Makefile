@@ -41,8 +41,8 @@ worker: install
 beat: install
 	$(VENV)/bin/celery -A config beat --loglevel INFO
 
-bench: install
-	$(PY) -m pytest tests/bench/bench_runtime.py tests/bench/bench_tools.py -q -s -p no:cacheprovider
+bench: install  # figures on SQLite and PostgreSQL + Redis (README "make bench"); BENCH_ARGS=--quick
+	$(PY) -m bench $(BENCH_ARGS)
 
 fuzz: install  # schemathesis against the live stack (needs PostgreSQL + Redis on loopback)
 	tests/schemathesis/run.sh

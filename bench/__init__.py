@@ -1,0 +1,1 @@
+"""`make bench`: the runtime's figures (see README, "make bench"). Run as `python -m bench`."""

@@ -1,0 +1,105 @@
+"""The real stack, started from a child process on its database: daphne (`manage.py runstack`)
+and, in production mode, Celery worker processes (`celery -A config worker`, as the README's
+production section runs them). In embedded mode runstack's in-process worker does the work.
+
+Plus the two clients the scenarios use: the REST API (httpx2) and a Session's WebSocket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import datetime
+from pathlib import Path
+
+import httpx2 as httpx
+from websockets.sync.client import connect
+
+from tests.integration.processes import free_port, running, wait_for_http
+
+
+def worker_command(concurrency: int) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "config", "worker", "--concurrency", str(concurrency)] + [
+        "--loglevel",
+        "WARNING",
+        "--without-mingle",
+        "--without-gossip",
+        "--hostname",
+        f"bench-{os.getpid()}@%h",
+    ]
+
+
+@contextmanager
+def live_stack(worker_processes: int = 2) -> Iterator[str]:
+    """Serve the product until the block ends; yields "127.0.0.1:<port>" once /healthz answers."""
+    from django.conf import settings
+
+    port = free_port()
+    log = _log_dir() / "web.log"
+    with ExitStack() as stack:
+        command = [sys.executable, "manage.py", "runstack", "--port", str(port)]
+        web = stack.enter_context(running(command, dict(os.environ), log))
+        if not settings.EMBEDDED:
+            stack.enter_context(workers(worker_processes))
+        wait_for_http(f"http://127.0.0.1:{port}/healthz", web, log)
+        yield f"127.0.0.1:{port}"
+
+
+@contextmanager
+def workers(processes: int) -> Iterator[None]:
+    """`celery -A config worker` (prefork, `processes` children) until the block ends; production mode only."""
+    with running(worker_command(processes), dict(os.environ), _log_dir() / "worker.log"):
+        wait_for_worker()
+        yield
+
+
+def _log_dir() -> Path:
+    """Where the processes' output goes: the directory the parent gave this child (bench.backends)."""
+    return Path(tempfile.mkdtemp(prefix="stack-", dir=os.environ.get("BENCH_LOG_DIR")))
+
+
+def wait_for_worker(timeout_s: float = 60) -> None:
+    """Block until a Celery worker answers `config.ping` through the broker (and the shared cache)."""
+    import uuid
+
+    from django.core.cache import cache
+
+    from config.celery import PING_CACHE_PREFIX, ping
+
+    nonce = uuid.uuid4().hex
+    ping.delay(nonce)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cache.get(PING_CACHE_PREFIX + nonce) == "pong":
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"no Celery worker answered within {timeout_s:.0f} s")
+
+
+def api_client(address: str, key: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=f"http://{address}/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=60
+    )
+
+
+@contextmanager
+def session_socket(address: str, key: str, session_id) -> Iterator:
+    with connect(f"ws://{address}/ws/sessions/{session_id}/?token={key}", max_size=None) as socket:
+        yield socket
+
+
+def receive_event(socket, timeout_s: float = 60) -> tuple[dict, float]:
+    """The next frame and the wall-clock time it arrived."""
+    frame = json.loads(socket.recv(timeout=timeout_s))
+    return frame, time.time()
+
+
+def event_time(frame: dict) -> float | None:
+    """When the event's row was written (its `ts`), as epoch seconds; None for live-only frames."""
+    stamp = frame.get("ts")
+    return datetime.fromisoformat(stamp).timestamp() if stamp else None
