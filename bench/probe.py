@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass, field
 
 
+TRANSACTION_CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")
+
+
 class QueryCounter:
     def __init__(self):
         self.count = 0
@@ -39,8 +42,11 @@ class QueryCounter:
             connection.execute_wrappers.append(self._wrapper)
 
     def _wrapper(self, execute, sql, params, many, context):
-        with self._lock:
-            self.count += 1
+        # Statements that read or write rows; transaction control (SQLite's BEGIN, savepoints)
+        # is not a query (PostgreSQL's BEGIN/COMMIT never pass through here at all).
+        if not sql.startswith(TRANSACTION_CONTROL):
+            with self._lock:
+                self.count += 1
         return execute(sql, params, many, context)
 
 

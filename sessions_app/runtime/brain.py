@@ -31,7 +31,6 @@ logger = logging.getLogger(__name__)
 
 SLICE_MAX_STEPS = 8
 SLICE_MAX_SECONDS = 30.0
-TURN_STARTING_KINDS = (InputKind.MESSAGE, InputKind.GUIDANCE)
 
 
 # --- inputs --------------------------------------------------------------------------------------
@@ -161,14 +160,14 @@ class Progress:
 
 def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = SLICE_MAX_SECONDS) -> str:
     """One bounded slice of work for one Session. Returns what happened (for logs and tests)."""
-    if not Session.objects.filter(pk=session_id).exists():
+    tenant_id = Session.objects.filter(pk=session_id).values_list("tenant_id", flat=True).first()
+    if tenant_id is None:
         return "gone"
     token, took_over = claim(session_id)
     if token is None:
         return "busy"
-    session = Session.objects.only("tenant_id").get(pk=session_id)
     audit = RunnerSlice.objects.create(
-        tenant_id=session.tenant_id,
+        tenant_id=tenant_id,
         session_id=session_id,
         token=token,
         worker=socket.gethostname(),
@@ -222,36 +221,30 @@ def _advance(agent: AgentService) -> Progress:
         except engine.StaleSlice:
             return Progress(again=True)
     session_id, token = agent.session_id, agent.token
-    heartbeat(session_id, token)
-    if engine.consume_interrupts(session_id, token, on_parked=approvals.cancel_waiting):
+    boundary = engine.take_boundary(session_id, token, on_parked=approvals.cancel_waiting)
+    if boundary.interrupted:
         agent.interrupted()
-        return Progress(consumed=1)
-    session = Session.objects.only("current_turn_id", "status").get(pk=session_id)
-    if session.current_turn_id is not None:
-        if session.status == SessionStatus.WAITING_APPROVAL:
+        return Progress(consumed=boundary.consumed)
+    if boundary.turn_id is not None:
+        if boundary.status == SessionStatus.WAITING_APPROVAL:
             approval, consumed = approvals.take_decision(session_id, token)
             if approval is None:
                 return Progress(consumed=consumed)
-            agent.prepare(session.current_turn_id)
+            agent.prepare(boundary.turn_id)
             agent.resume(approval)
             agent.invalidate()
             return Progress(steps=1, consumed=consumed)
-        if session.status not in (SessionStatus.RUNNING, SessionStatus.PREPARING):
+        if boundary.status not in (SessionStatus.RUNNING, SessionStatus.PREPARING):
             return Progress()  # parked: new messages wait until the turn ends
-        # Wake flags are cleared before the queue is read: an input committed after this is
-        # either read below or flags the next step's opening commit.
-        Session.objects.filter(pk=session_id, wake_requested=True).update(wake_requested=False)
-        consumed = len(engine.consume_guidance(session_id, token, session.current_turn_id))
-        agent.prepare(session.current_turn_id)
+        agent.prepare(boundary.turn_id)
         try:
-            return Progress(steps=_step(agent), consumed=consumed)
+            return Progress(steps=_step(agent), consumed=boundary.consumed)
         except engine.StaleSlice:
-            return Progress(consumed=consumed, again=True)
-    next_input = engine.queued_inputs(session_id, TURN_STARTING_KINDS).first()
-    if next_input is None:
+            return Progress(consumed=boundary.consumed, again=True)
+    if boundary.next_input is None:
         # Anything else still queued (e.g. a decision for a future approval) stays for its owner.
         return Progress()
-    engine.start_turn(session_id, token, next_input)
+    engine.start_turn(session_id, token, boundary.next_input)
     return Progress(consumed=1)
 
 

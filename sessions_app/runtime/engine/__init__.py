@@ -49,15 +49,16 @@ from .sessions import (
 )
 from .turns import (
     STATUS_AFTER_TURN,
+    TURN_STARTING_KINDS,
+    Boundary,
     TurnProgress,
-    consume_guidance,
-    consume_interrupts,
     end_turn,
     finish_turn,
     input_text,
     save_progress,
     set_status,
     start_turn,
+    take_boundary,
 )
 
 __all__ = [
@@ -65,7 +66,9 @@ __all__ = [
     "GUIDANCE_FRAME",
     "INTERRUPTED_CALL_TEXT",
     "STATUS_AFTER_TURN",
+    "TURN_STARTING_KINDS",
     "AssembledRequest",
+    "Boundary",
     "CallOutcome",
     "InvalidInput",
     "LeaseLost",
@@ -79,9 +82,7 @@ __all__ = [
     "begin_model_call",
     "close_dangling_calls",
     "commit_tool_result",
-    "consume_guidance",
     "consume_inputs",
-    "consume_interrupts",
     "create_session",
     "end_model_call",
     "end_turn",
@@ -104,6 +105,7 @@ __all__ = [
     "start_turn",
     "stored_calls",
     "system_prompt",
+    "take_boundary",
     "update_session",
     "wire_message",
     "without_nul",

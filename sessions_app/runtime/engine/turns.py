@@ -8,12 +8,15 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 
 from ...choices import InputKind, Role, SessionStatus, TurnReason
-from ...models import Delivery, Input, Message, Session, Turn
+from ...models import Delivery, Input, Session, Turn
 from .. import deliveries
 from ..events import emit
 from .fencing import RunnerWriter, locked_session
 from .history import append_message
 from .sessions import consume_inputs, queued_inputs, workspace_dir
+
+# Inputs that start a turn when none is open (other kinds wait for their owner).
+TURN_STARTING_KINDS = (InputKind.MESSAGE, InputKind.GUIDANCE)
 
 # How a turn's end reason shows in the Session status users see.
 STATUS_AFTER_TURN = {
@@ -151,31 +154,48 @@ def _record_delivery(session: Session, turn: Turn, facts: deliveries.DeliveryFac
     return delivery
 
 
-def consume_interrupts(session_id, token, on_parked=None) -> bool:
-    """Apply queued interrupts: the open turn ends `aborted`, status `interrupted`. True if any.
+@dataclass
+class Boundary:
+    """What a runner finds at a step boundary: one locked look at the Session and its queue."""
 
-    `on_parked(session)` closes what a parked turn waits on (a pending approval) first.
-    """
+    consumed: int = 0  # inputs consumed here (interrupts or guidance)
+    interrupted: bool = False  # interrupts were applied: the open turn (if any) ended `aborted`
+    turn_id: int | None = None  # the open turn
+    status: str = ""
+    next_input: Input | None = None  # no turn is open: the message that starts the next one
+
+
+def take_boundary(session_id, token, on_parked=None) -> Boundary:
+    """At a step boundary, in one transaction holding the Session: clear the wake flag and read
+    the queue once (an input committed later either flags the next step's opening commit or is
+    seen when the runner releases). Interrupts end the open turn `aborted` — `on_parked(session)`
+    first closes what a parked turn waits on (a pending approval); guidance joins the running
+    turn as user messages stored as the person wrote them (the request frames them)."""
     with locked_session(session_id, token) as session:
-        interrupts = list(queued_inputs(session.pk, [InputKind.INTERRUPT]))
-        if not interrupts:
-            return False
-        turn = session.current_turn
-        consume_inputs(interrupts, turn)
-        if turn is not None and session.status == SessionStatus.WAITING_APPROVAL and on_parked is not None:
-            on_parked(session)
-        if turn is not None and turn.ended_at is None:
-            end_turn(session, turn, TurnReason.ABORTED, "interrupted by the user")
-        return True
-
-
-def consume_guidance(session_id, token, turn_id: int) -> list[Message]:
-    """Guidance queued during a turn joins it at this step boundary: user messages stored as the
-    person wrote them (the request frames them as guidance, `history.wire_message`)."""
-    with locked_session(session_id, token) as session:
-        guidance = list(queued_inputs(session.pk, [InputKind.GUIDANCE]))
-        if not guidance:
-            return []
-        turn = Turn.objects.get(pk=turn_id)
-        consume_inputs(guidance, turn)
-        return [append_message(session, turn.pk, Role.USER, input_text(i), input=i) for i in guidance]
+        if session.wake_requested:
+            Session.objects.filter(pk=session.pk).update(wake_requested=False)
+        queued = list(queued_inputs(session.pk, [InputKind.INTERRUPT, InputKind.GUIDANCE, InputKind.MESSAGE]))
+        interrupts = [i for i in queued if i.kind == InputKind.INTERRUPT]
+        if interrupts:
+            turn = session.current_turn
+            consume_inputs(interrupts, turn)
+            if (
+                turn is not None
+                and session.status == SessionStatus.WAITING_APPROVAL
+                and on_parked is not None
+            ):
+                on_parked(session)
+            if turn is not None and turn.ended_at is None:
+                end_turn(session, turn, TurnReason.ABORTED, "interrupted by the user")
+            return Boundary(consumed=len(interrupts), interrupted=True)
+        boundary = Boundary(turn_id=session.current_turn_id, status=session.status)
+        if session.current_turn_id is None:
+            boundary.next_input = next((i for i in queued if i.kind in TURN_STARTING_KINDS), None)
+        elif session.status in (SessionStatus.RUNNING, SessionStatus.PREPARING):
+            guidance = [i for i in queued if i.kind == InputKind.GUIDANCE]
+            if guidance:
+                consume_inputs(guidance, Turn(pk=session.current_turn_id))
+                for item in guidance:
+                    append_message(session, session.current_turn_id, Role.USER, input_text(item), input=item)
+            boundary.consumed = len(guidance)
+        return boundary
