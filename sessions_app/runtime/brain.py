@@ -203,7 +203,9 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
         _fail_open_turn(session_id, token, exc)
     finally:
         agent.close()
-        RunnerSlice.objects.filter(pk=audit.pk).update(
+        # The slice's own audit row, keyed by its own token: a slice that lost its lease still
+        # records that it did, and never touches what the new lease holder writes.
+        RunnerSlice.objects.filter(pk=audit.pk, token=token).update(
             ended_at=timezone.now(), steps=steps, inputs_consumed=consumed, outcome=outcome
         )
     if outcome == "yielded":
