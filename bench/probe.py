@@ -12,7 +12,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-
 TRANSACTION_CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")
 
 

@@ -34,5 +34,9 @@ def ping(nonce: str) -> str:
 
 @worker_ready.connect
 def _recover_on_start(sender, **kwargs):
-    """A restarted worker picks up Sessions whose runner died with the previous process."""
+    """A restarted worker picks up Sessions whose runner died with the previous process: now,
+    and again once a lease the dead runner held must have lapsed (rather than at the next beat)."""
+    from django.conf import settings
+
     sender.app.send_task("sessions.recover")
+    sender.app.send_task("sessions.recover", countdown=settings.XAGENT_RUNNER_LEASE_SECONDS + 1)

@@ -22,7 +22,7 @@ from ..models import ModelCall, Plan, Session
 from ..runtime import approvals, brain, engine
 from . import longpoll
 from .files import SessionFilesMixin
-from .pagination import HistoryPagination
+from .pagination import HistoryPagination, SessionListPagination
 from .serializers import (
     ApprovalSerializer,
     DecisionSerializer,
@@ -67,6 +67,7 @@ class SessionViewSet(
     TenantScopedViewSet,
 ):
     queryset = Session.objects.filter(archived_at__isnull=True).select_related("model_config")
+    pagination_class = SessionListPagination
     serializer_class = SessionSerializer
 
     @extend_schema(
@@ -119,7 +120,7 @@ class SessionViewSet(
         return Response(self.get_serializer(session).data)
 
     def perform_destroy(self, instance):
-        engine.archive_session(instance.pk)
+        brain.archive(instance, user=self.request.user)
 
     @extend_schema(
         request=InputCreateSerializer,

@@ -497,7 +497,7 @@ class AgentService:
                 spec["name"],
                 approvals.rejection_text(approval),
                 ok=False,
-                summary=f"{approval.status} by a person",
+                summary=approvals.outcome_summary(approval),
             )
             approvals.mark_handled(approval)
         remaining = [approvals.call_spec(approval, call_id) for call_id in approval.remaining_call_ids]

@@ -213,6 +213,14 @@ def rejection_text(approval: PendingApproval) -> str:
     return f"Not run: this call needed approval and was {verb}{who}.{note} Do not retry it unchanged."
 
 
+def outcome_summary(approval: PendingApproval) -> str:
+    """The one line a tool card shows for a call that did not run."""
+    return {
+        ApprovalStatus.REJECTED: "rejected by a person",
+        ApprovalStatus.EXPIRED: "expired without a decision",
+    }.get(approval.status, str(approval.status))
+
+
 def mark_handled(approval: PendingApproval) -> None:
     """A rejected/expired approval is handled once its rejection result is committed."""
     approvals.do_mark_handled(approval)

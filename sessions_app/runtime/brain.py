@@ -82,6 +82,14 @@ def interrupt(session: Session, user=None):
     return submit_input(session, kind=InputKind.INTERRUPT, user=user)
 
 
+def archive(session: Session, user=None) -> None:
+    """Archive a Session; a turn still open is interrupted like any other (a pending approval is
+    cancelled with it), since no route reaches an archived Session to stop it."""
+    with transaction.atomic():
+        if engine.archive_session(session.pk):
+            interrupt(session, user=user)
+
+
 # --- the lease -------------------------------------------------------------------------------------
 
 
@@ -179,7 +187,11 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
     deadline = time.monotonic() + max_seconds
     try:
         if took_over:
-            # Only a lost runner (a crash, a killed worker) leaves calls unanswered.
+            # Only a lost runner (a crash, a killed worker) leaves calls open: close them, and
+            # its audit row, which it never could.
+            RunnerSlice.objects.filter(session_id=session_id, ended_at__isnull=True).exclude(
+                token=token
+            ).update(ended_at=timezone.now(), outcome="lost")
             engine.close_dangling_calls(session_id, token)
         while True:
             if steps >= max_steps or time.monotonic() >= deadline:

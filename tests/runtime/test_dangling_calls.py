@@ -68,3 +68,36 @@ def test_a_turn_parked_on_an_approval_keeps_its_waiting_call(tenant_a, owner_a):
 
     assert engine.close_dangling_calls(session.pk, token) == []
     assert not Message.objects.filter(session=session, role="tool").exists()
+
+
+def test_a_model_call_in_flight_when_the_runner_was_lost_is_ended_and_asked_again(
+    tenant_a, owner_a, model_config_a, model_server
+):
+    from sessions_app.models import ModelCall, RunnerSlice
+    from sessions_app.runtime.agent import AgentService
+
+    session = new_session(tenant_a, owner_a)
+    send(session, "say hi")
+    token = brain.acquire(session.pk)
+    RunnerSlice.objects.create(tenant=tenant_a, session=session, token=token, started_at=timezone.now())
+    turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
+    agent = AgentService(session.pk, token)
+    agent.prepare(turn.pk)
+    lost = engine.begin_model_call(agent.context.writer, turn.pk, agent.context.request())
+    # The worker dies while the model answers: the call never ends, the lease lapses.
+    Session.objects.filter(pk=session.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    model_server.script("agent", text_reply("hi"))
+
+    drive_until_idle(session)
+
+    lost.refresh_from_db()
+    assert (
+        lost.finish_reason == "interrupted" and lost.ended_at is not None and "runner was lost" in lost.error
+    )
+    assert ModelCall.objects.filter(session=session).exclude(pk=lost.pk).get().finish_reason == "stop"
+    assert Turn.objects.get(pk=turn.pk).reason == "completed"
+    recovered = SessionEvent.objects.get(session=session, type="session.recovered")
+    assert (
+        recovered.data["interrupted_model_calls"] == [lost.pk] and recovered.data["interrupted_calls"] == []
+    )
+    assert RunnerSlice.objects.get(token=token).outcome == "lost"

@@ -144,3 +144,32 @@ def test_session_routes_require_auth(api_anonymous, session_a):
     assert_requires_auth(api_anonymous, f"/api/v1/sessions/{session_a.pk}/events/")
     assert not Message.objects.exists()
     assert engine.workspace_path(session_a).is_dir()
+
+
+def test_archiving_a_session_stops_its_running_turn(api_owner_a, session_a, model_config_a, model_server):
+    from sessions_app.models import Turn
+    from sessions_app.runtime import brain
+    from tests.support.model_server import tool_call, tool_reply
+
+    model_server.default("agent", lambda request: tool_reply([tool_call("fs_list", {})]))
+    send(session_a, "list until stopped")
+    assert brain.drive(session_a.pk, max_steps=2) == "yielded"  # the turn is running
+
+    assert api_owner_a.delete(f"/api/v1/sessions/{session_a.pk}/").status_code == 204
+    drive_until_idle(session_a)
+
+    turn = Turn.objects.get(session=session_a)
+    assert turn.reason == "aborted"
+    session_a.refresh_from_db()
+    assert session_a.archived_at is not None and session_a.status == "interrupted"
+    assert Input.objects.filter(session=session_a, kind="interrupt", status="consumed").count() == 1
+
+
+def test_the_session_list_is_newest_first_across_pages(api_owner_a, tenant_a, owner_a):
+    created = [new_session(tenant_a, owner_a, title=f"s{i}").pk for i in range(7)]
+    seen, url = [], "/api/v1/sessions/?page_size=3"
+    while url:
+        page = api_owner_a.get(url).json()
+        seen += [row["id"] for row in page["results"]]
+        url = page["next"]
+    assert seen == [str(pk) for pk in reversed(created)]

@@ -138,12 +138,15 @@ def update_session(session_id, *, title: str | None = None) -> Session:
     return session
 
 
-def archive_session(session_id) -> None:
+def archive_session(session_id) -> bool:
+    """Archive the Session (it leaves every list and route). True when a turn was still open:
+    the caller stops it (Brain queues an interrupt), since nobody can reach it any more."""
     with locked_session(session_id) as session:
         if session.archived_at is None:
             session.archived_at = timezone.now()
             session.save(update_fields=["archived_at", "updated_at"])
             emit(session, "session.archived", {})
+        return session.current_turn_id is not None
 
 
 def queued_inputs(session_id, kinds=None):
