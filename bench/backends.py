@@ -3,7 +3,7 @@
 * sqlite: embedded mode (REDIS_URL empty): a SQLite file in WAL mode, the in-memory channel
   layer, the in-process worker when a scenario starts the stack.
 * postgresql: production mode: PostgreSQL at 127.0.0.1:5432 (trust auth, user postgres) and
-  Redis at 127.0.0.1:6379 db 11, with production's required settings.
+  Redis at 127.0.0.1:6379 db 14, with production's required settings.
 
 Migrations run once per backend into a template (a file, or a template database); each child
 starts from a fresh copy, so scenarios never see each other's rows.
@@ -24,7 +24,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 PG_DATABASE = "xagent_bench"
 PG_TEMPLATE = "xagent_bench_template"
-REDIS_URL = "redis://127.0.0.1:6379/11"
+REDIS_URL = "redis://127.0.0.1:6379/14"  # CI uses 11, the schemathesis run 13
 
 # The runtime settings every child shares: the zero-latency model for Sessions without a
 # ModelConfig, and turn limits far above the longest scripted turn, so only the script ends it.
