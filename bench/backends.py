@@ -24,7 +24,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 PG_DATABASE = "xagent_bench"
 PG_TEMPLATE = "xagent_bench_template"
-REDIS_URL = "redis://127.0.0.1:6379/14"  # CI uses 11, the schemathesis run 13
+REDIS_URL = "redis://127.0.0.1:6379/14"  # CI uses 11, its schemathesis run 12
 
 # The runtime settings every child shares: the zero-latency model for Sessions without a
 # ModelConfig, and turn limits far above the longest scripted turn, so only the script ends it.
