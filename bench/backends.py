@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -65,10 +66,11 @@ def port_open(port: int) -> bool:
 
 
 @dataclass
-class Backend:
+class Backend(ABC):
     name: str
     label: str
     root: Path
+    prepared: bool = field(default=False, init=False)
     _children: int = field(default=0, init=False)
 
     def base_env(self) -> dict:
@@ -87,11 +89,22 @@ class Backend:
             "BENCH_LOG_DIR": str(logs),  # the stack's process logs (bench.stack)
         }
 
-    # Implemented per backend.
-    def unavailable(self) -> str: ...
-    def prepare(self) -> None: ...
+    @abstractmethod
+    def unavailable(self) -> str:
+        """Why this backend cannot run here ("" when it can)."""
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Migrate the template every child's database is copied from."""
+
+    @abstractmethod
     def mode_env(self, database_url: str) -> dict: ...
-    def fresh_database(self) -> str: ...
+
+    @abstractmethod
+    def fresh_database(self) -> str:
+        """A new copy of the template; returns its DATABASE_URL."""
+
+    @abstractmethod
     def cleanup(self) -> None: ...
 
 
