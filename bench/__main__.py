@@ -51,9 +51,12 @@ def main(argv: list[str]) -> int:
             results[backend.name] = run_backend(backend, scenarios, {"runs": runs, "quick": args.quick})
     finally:
         for backend in chosen:
-            if not results.get(backend.name, {}).get("skipped"):
+            if backend.prepared:
                 backend.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
+        if any_error(results):
+            print(f"A scenario failed: its logs are kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     results["comparison"] = report.comparison_figures(results)
     elapsed = time.monotonic() - started
     titles = {name: SCENARIOS[name].title for name in scenarios}
@@ -74,6 +77,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def any_error(results: dict) -> bool:
+    return any("error" in outcome for backend in results.values() for outcome in backend.values())
+
+
 def machine() -> dict:
     """What the figures depend on besides the code: comparable only on the same machine."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True)
@@ -89,9 +96,10 @@ def run_backend(backend: Backend, scenarios: list[str], options: dict) -> dict:
     reason = backend.unavailable()
     if reason:
         print(f"{backend.label}: skipped: {reason}", flush=True)
-        return {name: {"skipped": f"skipped: {reason}"} for name in scenarios} | {"skipped": reason}
+        return {name: {"skipped": f"skipped: {reason}"} for name in scenarios}
     print(f"{backend.label}: migrating a template database…", flush=True)
     backend.root.mkdir(parents=True, exist_ok=True)
+    backend.prepared = True  # from here on there is something to clean up
     backend.prepare()
     outcomes = {}
     for name in scenarios:

@@ -3,7 +3,7 @@
 * sqlite: embedded mode (REDIS_URL empty): a SQLite file in WAL mode, the in-memory channel
   layer, the in-process worker when a scenario starts the stack.
 * postgresql: production mode: PostgreSQL at 127.0.0.1:5432 (trust auth, user postgres) and
-  Redis at 127.0.0.1:6379 db 14, with production's required settings.
+  Redis at 127.0.0.1:6379 (a database no one else is using), with production's required settings.
 
 Migrations run once per backend into a template (a file, or a template database); each child
 starts from a fresh copy, so scenarios never see each other's rows.
@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -24,7 +25,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 PG_DATABASE = "xagent_bench"
 PG_TEMPLATE = "xagent_bench_template"
-REDIS_URL = "redis://127.0.0.1:6379/14"  # CI uses 11, its schemathesis run 12
+REDIS_SERVER = "redis://127.0.0.1:6379"
 
 # The runtime settings every child shares: the zero-latency model for Sessions without a
 # ModelConfig, and turn limits far above the longest scripted turn, so only the script ends it.
@@ -65,10 +66,11 @@ def port_open(port: int) -> bool:
 
 
 @dataclass
-class Backend:
+class Backend(ABC):
     name: str
     label: str
     root: Path
+    prepared: bool = field(default=False, init=False)
     _children: int = field(default=0, init=False)
 
     def base_env(self) -> dict:
@@ -87,11 +89,22 @@ class Backend:
             "BENCH_LOG_DIR": str(logs),  # the stack's process logs (bench.stack)
         }
 
-    # Implemented per backend.
-    def unavailable(self) -> str: ...
-    def prepare(self) -> None: ...
+    @abstractmethod
+    def unavailable(self) -> str:
+        """Why this backend cannot run here ("" when it can)."""
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Migrate the template every child's database is copied from."""
+
+    @abstractmethod
     def mode_env(self, database_url: str) -> dict: ...
-    def fresh_database(self) -> str: ...
+
+    @abstractmethod
+    def fresh_database(self) -> str:
+        """A new copy of the template; returns its DATABASE_URL."""
+
+    @abstractmethod
     def cleanup(self) -> None: ...
 
 
@@ -129,7 +142,30 @@ class PostgresBackend(Backend):
             self._admin("SELECT 1")
         except Exception as exc:  # a server that refuses us is as good as down, and says why
             return f"PostgreSQL unreachable ({exc.__class__.__name__}: {exc})".strip()
+        if self.redis_database is None:
+            return "Redis has no free database (every one holds keys or has clients)"
         return ""
+
+    @cached_property
+    def redis_database(self) -> int | None:
+        """The highest-numbered Redis database with no keys and no client connected to it.
+
+        Other checkouts' test runs and stacks share this Redis: a Celery worker of theirs on our
+        database would take our tasks (and run them against their own database), so a fixed
+        number is not safe. Chosen once per run; emptied before every child and at the end.
+        """
+        import redis
+
+        server = redis.Redis.from_url(REDIS_SERVER)
+        count = int(server.config_get("databases").get("databases", 16))
+        busy = {int(client["db"]) for client in server.client_list()} | {
+            int(name[2:]) for name in server.info("keyspace")
+        }
+        return next((db for db in range(count - 1, 0, -1) if db not in busy), None)
+
+    @property
+    def redis_url(self) -> str:
+        return f"{REDIS_SERVER}/{self.redis_database}"
 
     @cached_property
     def secrets_key(self) -> str:
@@ -141,7 +177,7 @@ class PostgresBackend(Backend):
         return {
             **self.base_env(),
             "DATABASE_URL": database_url,
-            "REDIS_URL": REDIS_URL,
+            "REDIS_URL": self.redis_url,
             "SECRET_KEY": "bench-only-" + "k" * 40,
             "XAGENT_SECRETS_KEY": self.secrets_key,
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
@@ -162,12 +198,11 @@ class PostgresBackend(Backend):
             self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         self.flush_redis()
 
-    @staticmethod
-    def flush_redis() -> None:
+    def flush_redis(self) -> None:
         """Tasks, channel messages and cache keys of the previous child must not reach the next."""
         import redis
 
-        redis.Redis.from_url(REDIS_URL).flushdb()
+        redis.Redis.from_url(self.redis_url).flushdb()
 
     def _recreate(self, name: str, template: str = "") -> None:
         self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

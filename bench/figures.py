@@ -30,7 +30,7 @@ def render_value(fig: dict) -> str:
     value = fig.get("value")
     if value is None:
         return fig.get("note") or "n/a"
-    digits = 0 if abs(value) >= 1000 else 1 if abs(value) >= 10 else 2
+    digits = 0 if abs(value) >= 1000 or float(value).is_integer() else 1 if abs(value) >= 10 else 2
     text = f"{value:,.{digits}f}{(' ' + fig['unit']) if fig.get('unit') else ''}"
     mark = verdict(fig)
     return f"{text} {mark}" if mark else text

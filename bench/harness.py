@@ -88,8 +88,10 @@ class TurnFailed(RuntimeError):
 def run_turn_in_process(session, message: str, expected_steps: int):
     """Queue `message` and drive the Session here, slice after slice, until its turn has ended.
 
-    `brain.drive` re-enqueues a runner after a yielding slice; the child process configures
-    Celery so nothing consumes that task (see bench.child), which leaves this loop the only runner.
+    `brain.drive` re-enqueues a runner after a yielding slice. No worker consumes it here: in
+    embedded mode the broker is this process's memory and no in-process worker was started; in
+    production mode no worker runs during this child (bench.backends empties Redis between
+    children). So this loop stays the only runner.
     Returns the finished Turn.
     """
     from sessions_app.models import Turn

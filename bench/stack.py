@@ -87,16 +87,54 @@ def api_client(address: str, key: str) -> httpx.Client:
     )
 
 
+class StreamStalled(RuntimeError):
+    """No frame for a long time: says whether the runtime or the delivery stalled."""
+
+
+class SessionStream:
+    """A client of `/ws/sessions/{id}/` that remembers the last logged `seq` it received."""
+
+    def __init__(self, socket, session_id):
+        self.socket, self.session_id, self.last_seq = socket, session_id, 0
+
+    def receive(self, timeout_s: float = 60) -> tuple[dict, float]:
+        """The next frame and the wall-clock time it arrived."""
+        try:
+            frame = json.loads(self.socket.recv(timeout=timeout_s))
+        except TimeoutError:
+            raise StreamStalled(self.stall_report(timeout_s)) from None
+        self.last_seq = frame.get("seq") or self.last_seq
+        return frame, time.time()
+
+    def wait_for(self, matches) -> tuple[dict, float]:
+        """The first frame that `matches`, and when it arrived."""
+        while True:
+            frame, arrived = self.receive()
+            if matches(frame):
+                return frame, arrived
+
+    def stall_report(self, timeout_s: float) -> str:
+        from sessions_app.models import Input, Session, SessionEvent
+
+        session = Session.objects.get(pk=self.session_id)
+        logged = list(
+            SessionEvent.objects.filter(session_id=self.session_id, seq__gt=self.last_seq).values_list(
+                "seq", "type"
+            )
+        )
+        queued = Input.objects.filter(session_id=self.session_id, status="queued").count()
+        where = "the socket did not deliver logged events" if logged else "the runtime logged nothing new"
+        return (
+            f"no frame for {timeout_s:.0f} s: {where} (received up to seq {self.last_seq}, "
+            f"logged after it: {logged[:5]}; status {session.status}, {queued} input(s) queued, "
+            f"runner lease {'held' if session.runner_token else 'free'})"
+        )
+
+
 @contextmanager
-def session_socket(address: str, key: str, session_id) -> Iterator:
+def session_stream(address: str, key: str, session_id) -> Iterator[SessionStream]:
     with connect(f"ws://{address}/ws/sessions/{session_id}/?token={key}", max_size=None) as socket:
-        yield socket
-
-
-def receive_event(socket, timeout_s: float = 60) -> tuple[dict, float]:
-    """The next frame and the wall-clock time it arrived."""
-    frame = json.loads(socket.recv(timeout=timeout_s))
-    return frame, time.time()
+        yield SessionStream(socket, session_id)
 
 
 def event_time(frame: dict) -> float | None:

@@ -14,7 +14,7 @@ import time
 from ..figures import figure, target
 from ..harness import add_default_tools, api_key_for, median_of_runs, new_owner, new_session, percentile
 from ..models import directive_message
-from ..stack import api_client, event_time, live_stack, receive_event, session_socket
+from ..stack import api_client, event_time, live_stack, session_stream
 
 DRAFT = "draft.md"
 WRITE_THEN_DELETE = [
@@ -50,14 +50,14 @@ def measure_session(address, api, key, tenant, owner, decisions: int) -> dict:
     """`decisions` turns in one Session, each parked once and approved."""
     session = new_session(tenant, owner, "approvals")
     timings = []
-    with session_socket(address, key, session.pk) as socket:
+    with session_stream(address, key, session.pk) as stream:
         for _ in range(decisions):
             api.post(
                 f"/sessions/{session.pk}/inputs/", json={"text": directive_message(2, WRITE_THEN_DELETE)}
             ).raise_for_status()
-            requested = wait_for(socket, lambda f: f["type"] == "approval.requested")[0]["data"]
-            timings.append(approve_and_watch(api, socket, requested))
-            wait_for(socket, lambda f: f["type"] == "turn.ended")
+            requested = stream.wait_for(lambda f: f["type"] == "approval.requested")[0]["data"]
+            timings.append(approve_and_watch(api, stream, requested))
+            stream.wait_for(lambda f: f["type"] == "turn.ended")
     request_ms, ran_ms, seen_ms = (list(column) for column in zip(*timings, strict=True))
     return {
         "decisions": decisions,
@@ -69,22 +69,14 @@ def measure_session(address, api, key, tenant, owner, decisions: int) -> dict:
     }
 
 
-def approve_and_watch(api, socket, requested: dict) -> tuple[float, float, float]:
+def approve_and_watch(api, stream, requested: dict) -> tuple[float, float, float]:
     """Milliseconds from sending the decision to: its answer, the result row, the client seeing it."""
     sent = time.time()
     api.post(
         f"/approvals/{requested['approval_id']}/decide/", json={"decision": "approve"}
     ).raise_for_status()
     answered = time.time()
-    ended, arrived = wait_for(
-        socket, lambda f: f["type"] == "tool.ended" and f["data"]["call_id"] == requested["call_id"]
+    ended, arrived = stream.wait_for(
+        lambda f: f["type"] == "tool.ended" and f["data"]["call_id"] == requested["call_id"]
     )
     return (answered - sent) * 1000, (event_time(ended) - sent) * 1000, (arrived - sent) * 1000
-
-
-def wait_for(socket, matches) -> tuple[dict, float]:
-    """The first frame that `matches`, and when it arrived."""
-    while True:
-        frame, arrived = receive_event(socket)
-        if matches(frame):
-            return frame, arrived

@@ -13,7 +13,7 @@ import time
 from ..figures import figure, target
 from ..harness import api_key_for, median_of_runs, new_owner, new_session, percentile
 from ..models import directive_message
-from ..stack import api_client, event_time, live_stack, receive_event, session_socket
+from ..stack import api_client, event_time, live_stack, session_stream
 
 FULL_STEPS = 60  # ≈ 5 events per step: a few hundred events per run
 QUICK_STEPS = 20
@@ -40,13 +40,13 @@ def run(options: dict) -> dict:
 def measure_turn(address: str, key: str, tenant, owner, steps: int) -> dict:
     session = new_session(tenant, owner, f"events {steps}")
     latencies = []
-    with session_socket(address, key, session.pk) as socket, api_client(address, key) as api:
+    with session_stream(address, key, session.pk) as stream, api_client(address, key) as api:
         sent = time.time()
         api.post(
             f"/sessions/{session.pk}/inputs/", json={"text": directive_message(steps)}
         ).raise_for_status()
         while True:
-            frame, arrived = receive_event(socket)
+            frame, arrived = stream.receive()
             written = event_time(frame)
             if written is not None and written >= sent:
                 latencies.append((arrived - written) * 1000)
