@@ -1,4 +1,4 @@
-"""Session facts. SessionEngine (runtime/engine.py) and Brain (runtime/brain.py) are the
+"""Session facts. SessionEngine (runtime/engine/) and Brain (runtime/brain.py) are the
 only writers; edges read through `for_tenant` and call their operations."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from django.conf import settings
 from approvals_app import policy as approval_policy
 from config.parsers import json_depth_exceeds, json_max_depth
 from tools_app.base import ToolContext, ToolError
-from tools_app.catalog import policy_facts, resolve_available, sandbox_limits_for, tenant_tool_names
+from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool_names
 from tools_app.secrets import Redactor, StreamRedactor, tenant_secret_values
 from tools_app.service import ApprovalRequired, ToolService
 
@@ -221,9 +221,8 @@ class SliceContext:
         )
 
     def approval_verdict(self, tool, args: dict, ctx):
-        """ToolService's approval stage, on the rules the slice loaded (the whole Verdict, so a
-        deny carries its rule's reason)."""
-        return approval_policy.evaluate(ctx.tenant_id, policy_facts(tool), args, rules=self.policy_rules)
+        """ToolService's approval stage, on the rules the slice loaded."""
+        return approvals.verdict_for(ctx.tenant_id, tool, args, rules=self.policy_rules)
 
 
 MAX_KEPT_CONTEXTS = 64
@@ -499,7 +498,7 @@ class AgentService:
                 ok=False,
                 summary=approvals.outcome_summary(approval),
             )
-            approvals.mark_handled(approval)
+            approval_actions.do_mark_handled(approval)  # its rejection is now its result
         remaining = [approvals.call_spec(approval, call_id) for call_id in approval.remaining_call_ids]
         if remaining:
             return self._run_calls(approval.assistant_message_id, remaining)

@@ -36,15 +36,12 @@ def call_facts(tool):
     return policy_facts(tool)
 
 
-def verdict_for(tenant_id: int, tool, args: dict):
+def verdict_for(tenant_id: int, tool, args: dict, rules=None):
+    """The tenant's verdict on one call (`rules`: the slice's loaded `policy.tenant_rules`, or
+    read now) — the whole Verdict, so a deny carries its rule's reason."""
     from approvals_app.policy import evaluate
 
-    return evaluate(tenant_id, call_facts(tool), args)
-
-
-def approval_hook(tool, args: dict, ctx):
-    """ToolService's approval stage: the whole Verdict, so a deny carries its rule's reason."""
-    return verdict_for(ctx.tenant_id, tool, args)
+    return evaluate(tenant_id, call_facts(tool), args, rules=rules)
 
 
 # --- suspend ---------------------------------------------------------------------------------------
@@ -219,8 +216,3 @@ def outcome_summary(approval: PendingApproval) -> str:
         ApprovalStatus.REJECTED: "rejected by a person",
         ApprovalStatus.EXPIRED: "expired without a decision",
     }.get(approval.status, str(approval.status))
-
-
-def mark_handled(approval: PendingApproval) -> None:
-    """A rejected/expired approval is handled once its rejection result is committed."""
-    approvals.do_mark_handled(approval)

@@ -174,32 +174,11 @@ class RequestHistory:
 # --- the step phases of a slice (fenced by its RunnerWriter) ---------------------------------------
 
 
-def commit_tool_result(
-    writer: RunnerWriter,
-    turn_id: int,
-    *,
-    call_id: str,
-    tool: str,
-    content: str,
-    ok: bool,
-    summary: str,
-    source: dict | None = None,
-) -> Message:
-    """Commit the result of one tool call (the second half of its pair) and announce it.
-
-    `source` names where it ran when that is not this process, e.g. {"server", "tool"} for MCP.
-    """
+def commit_tool_result(writer: RunnerWriter, turn_id: int, **result) -> Message:
+    """Commit the result of one tool call (the second half of its pair) in its own fenced
+    commit: `record_tool_result`'s message and event."""
     with writer.commit() as session:
-        return record_tool_result(
-            session,
-            turn_id,
-            call_id=call_id,
-            tool=tool,
-            content=content,
-            ok=ok,
-            summary=summary,
-            source=source,
-        )
+        return record_tool_result(session, turn_id, **result)
 
 
 def record_tool_result(
@@ -213,7 +192,8 @@ def record_tool_result(
     summary: str,
     source: dict | None = None,
 ) -> Message:
-    """`tool.ended` and the tool message of one call (caller holds the Session)."""
+    """`tool.ended` and the tool message of one call (caller holds the Session). `source` names
+    where it ran when that is not this process, e.g. {"server", "tool"} for MCP."""
     content, summary = without_nul(content), without_nul(summary)
     emit(
         session,
