@@ -329,6 +329,12 @@ if XAGENT_MAX_OUTPUT_TOKENS >= XAGENT_CONTEXT_WINDOW:
     raise ImproperlyConfigured(
         "Invalid value for environment variable XAGENT_MAX_OUTPUT_TOKENS: must be smaller than XAGENT_CONTEXT_WINDOW"
     )
+# Context budget (ARCHITECTURE §5): a request may hold context_window - max_output_tokens - margin
+# tokens, the margin being at least this (and at least 5% of the window). Counted from the
+# provider's reported usage plus a local estimate; XAGENT_TOKEN_ESTIMATOR names a replacement
+# estimator, a dotted path to `callable(text) -> int` (sessions_app/runtime/llm/tokens.py).
+XAGENT_CONTEXT_MARGIN_TOKENS = _positive_int("XAGENT_CONTEXT_MARGIN_TOKENS", 256)
+XAGENT_TOKEN_ESTIMATOR = _read("XAGENT_TOKEN_ESTIMATOR", env.str, "")
 # Outbound guard (tools_app/net.py): tenant-configured endpoints (Streamable HTTP MCP servers,
 # model base URLs) may not reach loopback, link-local, private, multicast or metadata addresses
 # unless the operator lists the host here ("host" or "host:port", comma-separated).

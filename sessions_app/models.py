@@ -80,6 +80,11 @@ class Session(TenantOwnedModel):
     context_start_message = models.ForeignKey(
         "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The committed compaction whose continuity state stands in for the messages before
+    # `context_start_message` (None: nothing was compacted yet).
+    context_checkpoint = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     current_turn = models.ForeignKey(
         "Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -300,6 +305,66 @@ class SessionCapability(TenantOwnedModel):
         constraints = [
             models.UniqueConstraint(fields=["session", "kind", "name"], name="unique_session_capability")
         ]
+
+
+class Checkpoint(TenantOwnedModel):
+    """One context compaction (ARCHITECTURE §5): the continuity state that stands in for the
+    messages before `start_message` in every later request. Raw history is never deleted.
+
+    Written `pending` before the summary call (with the boundary it chose), given its validated
+    summary, then `committed` together with the Session's new context start — or `discarded`
+    (the summary failed or was invalid, or the runner was lost before it was validated).
+    A `trim` is the deterministic fallback: the same boundary, a continuity state built from
+    facts the product holds instead of a summary.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        COMMITTED = "committed", "Committed"
+        DISCARDED = "discarded", "Discarded"
+
+    class Method(models.TextChoices):
+        SUMMARY = "summary", "Summary"
+        TRIM = "trim", "Deterministic trim"
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="checkpoints")
+    turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    method = models.CharField(max_length=10, choices=Method.choices, default=Method.SUMMARY)
+    # The first message still sent after this compaction (a legal boundary: never a tool result
+    # whose call would be cut off), and the last message the continuity state covers.
+    start_message = models.ForeignKey(Message, on_delete=models.PROTECT, related_name="+")
+    covers_from_id = models.BigIntegerField(null=True)
+    covers_to_id = models.BigIntegerField()
+    # The active turn's user request, sent after the continuity state when it lies before the
+    # boundary (the anchor the turn continues from).
+    anchor_message = models.ForeignKey(
+        Message, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # {"goal", "deliverables", "progress", "decisions", "constraints", "open_questions",
+    #  "next_actions", "artifacts", "active_user_request"}: validated before it is stored.
+    state = models.JSONField(default=dict, blank=True)
+    summary_call = models.ForeignKey(
+        ModelCall, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    tokens_before = models.PositiveIntegerField(default=0)
+    tokens_after = models.PositiveIntegerField(default=0)
+    budget = models.PositiveIntegerField(default=0)
+    reason = models.CharField(max_length=500, blank=True, help_text="why it was discarded or trimmed")
+    created_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session"], condition=models.Q(status="pending"), name="one_pending_checkpoint"
+            )
+        ]
+
+    @property
+    def validated(self) -> bool:
+        return bool(self.state)
 
 
 class Delivery(TenantOwnedModel):

@@ -32,14 +32,14 @@ from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool
 from tools_app.secrets import Redactor, StreamRedactor, tenant_secret_values
 from tools_app.service import ApprovalRequired, ToolService
 
-from ..choices import InputKind, TurnReason
-from ..models import Message, Plan, Session, Turn
-from . import approvals, engine
+from ..choices import CallPurpose, InputKind, Role, TurnReason
+from ..models import Checkpoint, Message, ModelCall, Plan, Session, Turn
+from . import approvals, engine, summary
 from .events import broadcast_delta
 from .llm.base import Cancelled, CancelSignal, ModelCallFailed
 from .llm.config import resolve_model
 from .llm.providers import provider_for
-from .llm.tokens import estimate_message_tokens, estimate_tools_tokens
+from .llm.tokens import Calibration, context_budget, estimate_message_tokens, estimate_tools_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,14 @@ class SliceContext:
         self.plan: dict | None = None
         self._configuration_key = None
         self._system_text = None
+        # Compaction: the committed checkpoint's state, the active turn's anchor, what the
+        # provider last reported, and the history position a compaction could not cut.
+        self.checkpoint_id: int | None = None
+        self.continuity_state: dict | None = None
+        self._anchor_key = None
+        self.anchor_id: int | None = None
+        self.calibration: Calibration | None = None
+        self.compaction_blocked_at: int | None = None
 
     @classmethod
     def for_slice(cls, session_id, token) -> SliceContext:
@@ -155,7 +163,8 @@ class SliceContext:
             self.progress_saved = engine.TurnProgress(turn.steps, dict(turn.guard_state))
         plan = Plan.objects.filter(session_id=self.session_id).prefetch_related("tasks").first()
         self.plan = plan.as_dict() if plan is not None else None
-        self.history.catch_up(self.session_id, session.context_start_message_id)
+        self._read_compaction(session, turn_id)
+        self.history.catch_up(self.session_id, session.context_start_message_id, self.anchor_id)
         self._update_system_prompt()
         self.writer.observe(
             last_event_seq=session.last_event_seq,
@@ -163,9 +172,49 @@ class SliceContext:
             tenant_config_version=tenant_version,
         )
 
+    def _read_compaction(self, session: Session, turn_id: int) -> None:
+        """The last compaction's continuity state, and the turn's anchor: its user request when
+        the context start has moved past it (it is sent right after the system prompt)."""
+        if session.context_checkpoint_id != self.checkpoint_id:
+            self.checkpoint_id = session.context_checkpoint_id
+            self.continuity_state = (
+                Checkpoint.objects.filter(pk=self.checkpoint_id).values_list("state", flat=True).first()
+                if self.checkpoint_id
+                else None
+            )
+        key = (turn_id, session.context_start_message_id)
+        if key != self._anchor_key:
+            self._anchor_key = key
+            start = session.context_start_message_id
+            request = (
+                Message.objects.filter(turn_id=turn_id, role=Role.USER)
+                .order_by("id")
+                .values_list("id", flat=True)
+                .first()
+                if start
+                else None
+            )
+            self.anchor_id = request if request is not None and request < start else None
+        if self.calibration is None:
+            last = (
+                ModelCall.objects.filter(
+                    session_id=self.session_id, purpose=CallPurpose.AGENT, prompt_tokens__gt=0
+                )
+                .order_by("-id")
+                .values("prompt_tokens", "estimated_prompt_tokens", "fact_versions")
+                .first()
+            )
+            facts = (last or {}).get("fact_versions") or {}
+            self.calibration = Calibration(
+                reported=(last or {}).get("prompt_tokens", 0),
+                estimated=facts.get("local_estimate") or (last or {}).get("estimated_prompt_tokens", 0),
+                context_start_id=facts.get("context_start_message_id"),
+            )
+
     def _read_configuration(self, session: Session) -> None:
         tenant_id = session.tenant_id
         self.model = resolve_model(session)
+        self.budget = context_budget(self.model.context_window, self.model.max_output_tokens)
         capabilities = engine.session_capabilities(session.pk)
         self.tools = resolve_available(tenant_id, capabilities["tools"], capabilities["toolsets"])
         self.tool_schemas = [tool.openai_schema() for tool in self.tools.values()]
@@ -191,7 +240,7 @@ class SliceContext:
         self._update_system_prompt()
 
     def _update_system_prompt(self) -> None:
-        text = engine.system_prompt(self.session, self.plan)
+        text = engine.system_prompt(self.session, self.plan, engine.continuity_text(self.continuity_state))
         if text == self._system_text:
             return
         self._system_text = text
@@ -201,6 +250,7 @@ class SliceContext:
 
     def request(self) -> engine.AssembledRequest:
         history = self.history
+        local_estimate = self.system_tokens + history.history_tokens + self.tools_tokens
         return engine.AssembledRequest(
             messages=history.messages,
             tools=self.tool_schemas,
@@ -216,9 +266,30 @@ class SliceContext:
                 "tenant_config_version": self.writer.tenant_config_version,
                 "plan_version": (self.plan or {}).get("version", 0),
                 "context_start_message_id": history.context_start_id,
+                "checkpoint_id": self.checkpoint_id,
+                "anchor_message_id": history.anchor_id,
+                "local_estimate": local_estimate,
+                "budget": self.budget,
             },
-            estimated_tokens=self.system_tokens + history.history_tokens + self.tools_tokens,
+            # What the budget is checked against: the provider's last report plus our estimate
+            # of what was added since (llm/tokens.py).
+            estimated_tokens=self.calibration.count(local_estimate, history.context_start_id),
         )
+
+    def calibrate(self, request: engine.AssembledRequest, usage: dict) -> None:
+        """The provider reported what `request` really cost: later counts start from that."""
+        reported = int(usage.get("prompt_tokens") or 0)
+        if reported > 0:
+            self.calibration = Calibration(
+                reported=reported,
+                estimated=request.fact_versions["local_estimate"],
+                context_start_id=request.fact_versions["context_start_message_id"],
+            )
+
+    @property
+    def fixed_tokens(self) -> int:
+        """What a request holds besides the history from the context start."""
+        return self.system_tokens + self.tools_tokens + self.history.anchor_tokens
 
     def approval_verdict(self, tool, args: dict, ctx):
         """ToolService's approval stage, on the rules the slice loaded."""
@@ -298,6 +369,7 @@ class DeltaCoalescer:
 class StepResult:
     ended: str | None = None  # a TurnReason when the turn ended in this step
     suspended: bool = False  # parked on a pending approval
+    compacted: bool = False  # the step compacted the context instead of calling the model
     detail: str = ""
 
 
@@ -384,6 +456,12 @@ class AgentService:
             return self._end(TurnReason.BLOCKED, f"loop guard: {max_steps} steps without finishing the task")
 
         request = context.request()
+        if (
+            request.estimated_tokens > context.budget
+            and context.compaction_blocked_at != context.history.last_id
+        ):
+            if self._compact(request):
+                return StepResult(compacted=True)
         call = engine.begin_model_call(context.writer, turn_id, request)
         context.progress.steps += 1
         redactor = context.redactor
@@ -414,6 +492,7 @@ class AgentService:
             )
             return self._end(TurnReason.ERROR, f"model call failed: {exc}")
         coalescer.flush(final=True)
+        context.calibrate(request, result.usage)
         outcome = engine.CallOutcome(
             result.finish_reason, result.usage, result.attempts, result.attempt_errors, _ms(started)
         )
@@ -444,6 +523,89 @@ class AgentService:
         ]
         assistant = self._commit_answer(call, outcome, text, stored_calls, announced)
         return self._run_calls(assistant.pk, result.tool_calls)
+
+    def _compact(self, request: engine.AssembledRequest) -> bool:
+        """The request is over budget: compact the sealed earlier steps (ARCHITECTURE §5) and let
+        the runner re-read. False when no legal boundary can cut anything (the request is sent
+        as it is; the compaction is not retried until history grows)."""
+        context = self.context
+        plan = engine.plan_compaction(
+            context.history, budget=context.budget, fixed_tokens=context.fixed_tokens
+        )
+        if plan is None:
+            context.compaction_blocked_at = context.history.last_id
+            return False
+        state_budget = max(int(context.budget * engine.compaction.STATE_SHARE), 64)
+        messages = summary.summary_request(
+            goals={"session_goal": context.session.session_goal, "phase_goal": context.session.phase_goal},
+            previous_state=context.continuity_state,
+            span=plan.span,
+            input_budget_tokens=context.budget - state_budget,
+        )
+        checkpoint, _ = engine.begin_compaction(
+            self.session_id,
+            self.token,
+            turn_id=context.turn_id,
+            plan=plan,
+            budget=context.budget,
+            model=context.model,
+            system_prompt_blob_id=engine.prompt_blob(
+                context.session.tenant_id, "summary_prompt", summary.INSTRUCTIONS
+            ),
+            request_tokens=sum(estimate_message_tokens(m) for m in messages),
+        )
+        self.invalidate()  # whatever happens next, the slice re-reads its history
+        kept = sum(context.history.tokens[plan.start_index :])
+        self._watch()
+        try:
+            state, result = summary.summarize(
+                context.model, messages, max_tokens=state_budget, cancel=self.cancel
+            )
+        except engine.LeaseLost:
+            raise  # the next lease holder settles the pending checkpoint
+        except (Cancelled, ModelCallFailed, summary.SummaryInvalid) as exc:
+            return self._summary_failed(checkpoint, exc, kept)
+        except Exception as exc:
+            # A crash of our own: never leave the Session `compressing` behind it.
+            engine.abandon_compaction(
+                self.session_id, self.token, checkpoint, reason=f"internal error: {exc!r}"
+            )
+            raise
+        engine.record_summary(self.session_id, self.token, checkpoint, result=result, state=state)
+        state_tokens = estimate_message_tokens({"content": engine.continuity_text(state)})
+        engine.commit_compaction(
+            self.session_id, self.token, checkpoint, tokens_after=context.fixed_tokens + kept + state_tokens
+        )
+        return True
+
+    def _summary_failed(self, checkpoint, exc: Exception, kept: int) -> bool:
+        """Interrupted: the compaction is dropped (the interrupt applies next). Failed or invalid:
+        a deterministic trim at the same boundary, and the event says why."""
+        if isinstance(exc, Cancelled):
+            engine.abandon_compaction(
+                self.session_id, self.token, checkpoint, reason="interrupted by the user"
+            )
+            return True
+        reason = (
+            f"summary call failed: {exc}" if isinstance(exc, ModelCallFailed) else f"invalid summary: {exc}"
+        )
+        engine.record_summary(
+            self.session_id,
+            self.token,
+            checkpoint,
+            result=getattr(exc, "result", None),
+            state=None,
+            error=reason,
+        )
+        engine.fall_back_to_trim(
+            self.session_id,
+            self.token,
+            checkpoint,
+            reason=reason,
+            previous_state=self.context.continuity_state,
+            tokens_after=self.context.fixed_tokens + kept,
+        )
+        return True
 
     def _commit_answer(self, call, outcome, text, stored_calls, announced=()) -> Message:
         context = self.context

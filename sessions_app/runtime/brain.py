@@ -248,7 +248,7 @@ def _advance(agent: AgentService) -> Progress:
             agent.resume(approval)
             agent.invalidate()
             return Progress(steps=1, consumed=consumed)
-        if boundary.status not in (SessionStatus.RUNNING, SessionStatus.PREPARING):
+        if boundary.status not in engine.RUNNING_STATUSES:
             return Progress()  # parked: new messages wait until the turn ends
         agent.prepare(boundary.turn_id)
         try:
@@ -293,7 +293,7 @@ def recover_stale_sessions() -> int:
     stale = (
         Session.objects.filter(archived_at__isnull=True)
         .filter(Q(runner_token__isnull=True) | Q(lease_expires_at__lt=now))
-        .filter(Q(inputs__status="queued") | Q(status__in=[SessionStatus.RUNNING, SessionStatus.PREPARING]))
+        .filter(Q(inputs__status="queued") | Q(status__in=engine.RUNNING_STATUSES))
         .distinct()
     )
     count = 0

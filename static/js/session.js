@@ -479,6 +479,22 @@
     note.querySelector(".turn-note-lines").append(el("p", { text: detail ? `${lead}: ${detail}` : `${lead}.` }));
   }
 
+  /** A compaction in the timeline: what was compacted, how, and what it saved (ARCHITECTURE §5). */
+  function compactionNote(turn, data) {
+    const trimmed = data.method === "trim";
+    const saved = data.tokens_before && data.tokens_after ? ` (about ${data.tokens_before} → ${data.tokens_after} tokens)` : "";
+    const text = trimmed
+      ? `Context trimmed without a summary${saved}: ${data.reason || "the summary failed"}. Earlier steps are listed by name; the task goes on.`
+      : `Context compacted: earlier steps were summarized so the task fits the model's window${saved}. Nothing was deleted; the goals are unchanged.`;
+    const note = el(
+      "li",
+      { className: "turn-note compaction-note", dataset: { testid: "compaction-note", method: data.method || "summary" }, attrs: { role: "status" } },
+      el("span", { className: "turn-note-icon", attrs: { "aria-hidden": "true" }, text: "⇣" }),
+      el("div", { className: "turn-note-lines" }, el("p", { text }))
+    );
+    addExtra(note, turn);
+  }
+
   function excerpt(text, limit) {
     const oneLine = String(text || "").trim();
     return oneLine.length > limit ? `${oneLine.slice(0, limit - 1).trimEnd()}…` : oneLine;
@@ -1128,6 +1144,10 @@
         return d.kind;
       case "file.changed":
         return `${d.op} ${d.path}${d.by ? " by " + d.by : ""}`;
+      case "compaction.started":
+        return `${d.messages || "?"} messages, ~${d.tokens_before || "?"} tokens`;
+      case "compaction.committed":
+        return `${d.method}${d.reason ? " — " + d.reason : ""} (~${d.tokens_before} → ${d.tokens_after} tokens)`;
       case "delivery.recorded":
         return `${d.checks_ok ? "checks ok" : "checks failed"}${d.unresolved ? `, ${d.unresolved} unresolved` : ""}`;
       case "approval.requested":
@@ -1187,6 +1207,9 @@
         else toolEnded(data, turn);
         return;
       }
+      case "compaction.committed":
+        compactionNote(eventTurn(data, live), data);
+        break;
       case "model.ended":
         if (data.error) turnFailed(eventTurn(data, live), "error", "The model call failed", String(data.error));
         break;

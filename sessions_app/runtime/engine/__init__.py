@@ -7,9 +7,21 @@ One facade over a small package, split by fact:
 - `turns`: turns and the Session status;
 - `history`: messages, their wire form, the slice's request history, tool results;
 - `plan`: facts tools change (plan, file changes) and a person's file changes;
-- `context`: the system prompt, the assembled request and the model-call record.
+- `context`: the system prompt, the assembled request and the model-call record;
+- `compaction`: context compression (checkpoints; the summary itself is SummaryService's).
 """
 
+from .compaction import (
+    CompactionPlan,
+    abandon_compaction,
+    begin_compaction,
+    commit_compaction,
+    continuity_text,
+    fall_back_to_trim,
+    plan_compaction,
+    record_summary,
+    settle_pending_compaction,
+)
 from .context import (
     BASE_SYSTEM_PROMPT,
     AssembledRequest,
@@ -48,6 +60,7 @@ from .sessions import (
     workspace_path,
 )
 from .turns import (
+    RUNNING_STATUSES,
     STATUS_AFTER_TURN,
     TURN_STARTING_KINDS,
     Boundary,
@@ -65,9 +78,11 @@ __all__ = [
     "BASE_SYSTEM_PROMPT",
     "GUIDANCE_FRAME",
     "INTERRUPTED_CALL_TEXT",
+    "RUNNING_STATUSES",
     "STATUS_AFTER_TURN",
     "TURN_STARTING_KINDS",
     "AssembledRequest",
+    "CompactionPlan",
     "Boundary",
     "CallOutcome",
     "InvalidInput",
@@ -76,32 +91,40 @@ __all__ = [
     "RunnerWriter",
     "StaleSlice",
     "TurnProgress",
+    "abandon_compaction",
     "add_selected_capabilities",
     "append_message",
     "archive_session",
+    "begin_compaction",
     "begin_model_call",
     "close_dangling_calls",
+    "commit_compaction",
     "commit_tool_result",
+    "continuity_text",
     "consume_inputs",
     "create_session",
     "end_model_call",
     "end_turn",
     "enqueue_input",
+    "fall_back_to_trim",
     "file_changed",
     "finish_turn",
     "has_pending_work",
     "input_text",
     "lease_duration",
     "locked_session",
+    "plan_compaction",
     "plan_create",
     "plan_update",
     "prompt_blob",
     "queued_inputs",
     "record_person_file_change",
+    "record_summary",
     "record_tool_result",
     "save_progress",
     "session_capabilities",
     "set_status",
+    "settle_pending_compaction",
     "start_turn",
     "stored_calls",
     "system_prompt",

@@ -107,14 +107,21 @@ def append_message(session: Session, turn_id: int | None, role: str, content: st
 
 
 class RequestHistory:
-    """The slice's copy of what the next request sends: the system message, then the history
-    from the context window's start. Read once (`load`), caught up cheaply after the slice
-    re-reads at a step boundary (`catch_up`), and appended to as the slice commits (`add`)."""
+    """The slice's copy of what the next request sends: the system message, the active turn's
+    anchor when a compaction moved the context start past it, then the history from the
+    context start. Read once (`load`), caught up cheaply after the slice re-reads at a step
+    boundary (`catch_up`), and appended to as the slice commits (`add`). Keeps each history
+    message's id, role and token estimate, so a compaction can choose its boundary from here."""
 
     def __init__(self):
         self.messages = EncodedMessages()
         self.set_system("")  # index 0 is always the system message
         self.context_start_id: int | None = None
+        self.anchor_id: int | None = None
+        self.anchor_tokens = 0
+        self.ids: list[int] = []
+        self.roles: list[str] = []
+        self.tokens: list[int] = []
         self.first_id: int | None = None
         self.last_id: int | None = None
         self.history_tokens = 0
@@ -128,27 +135,39 @@ class RequestHistory:
     def set_system(self, text: str) -> None:
         self.messages.set_first({"role": "system", "content": text})
 
-    def load(self, session_id, context_start_id: int | None) -> None:
+    def load(self, session_id, context_start_id: int | None, anchor_id: int | None = None) -> None:
         self.messages.truncate(1)
+        self.ids, self.roles, self.tokens = [], [], []
         self.first_id = self.last_id = None
         self.history_tokens, self.digest = 0, ""
-        self.context_start_id = context_start_id
+        self.context_start_id, self.anchor_id, self.anchor_tokens = context_start_id, anchor_id, 0
+        if anchor_id is not None:
+            anchor = self._rows(session_id, Message.objects.filter(pk=anchor_id))
+            for message in anchor:
+                self._append(message)
+                self.anchor_tokens = message.token_estimate
         self._read(session_id, context_start_id)
         self.loaded = True
 
-    def catch_up(self, session_id, context_start_id: int | None) -> None:
+    def catch_up(self, session_id, context_start_id: int | None, anchor_id: int | None = None) -> None:
         """Messages committed since the slice last looked (by its own locked operations)."""
-        if not self.loaded or context_start_id != self.context_start_id:
-            self.load(session_id, context_start_id)
+        if not self.loaded or context_start_id != self.context_start_id or anchor_id != self.anchor_id:
+            self.load(session_id, context_start_id, anchor_id)
         else:
-            self._read(session_id, self.last_id + 1 if self.last_id is not None else context_start_id)
+            after_last = self.last_id + 1 if self.last_id is not None else None
+            self._read(session_id, max(after_last or 0, context_start_id or 0) or None)
 
     def _read(self, session_id, from_id: int | None) -> None:
-        rows = Message.objects.filter(session_id=session_id).order_by("id")
+        rows = Message.objects.filter(session_id=session_id)
         if from_id:
             rows = rows.filter(id__gte=from_id)
+        for message in self._rows(session_id, rows):
+            self.add(message)
+
+    @staticmethod
+    def _rows(session_id, rows):
         fields = ("id", "role", "content", "tool_calls", "tool_call_id", "token_estimate", "input__kind")
-        for row in rows.values(*fields):
+        for row in rows.order_by("id").values(*fields):
             message = Message(
                 pk=row["id"],
                 role=row["role"],
@@ -158,17 +177,32 @@ class RequestHistory:
                 token_estimate=row["token_estimate"],
             )
             message.wire = _wire_of(message, row["input__kind"])
-            self.add(message)
+            yield message
 
     def add(self, message: Message) -> None:
+        """A history message (from the context start on) joins the request."""
+        self._append(message)
+        self.ids.append(message.pk)
+        self.roles.append(message.role)
+        self.tokens.append(message.token_estimate or estimate_message_tokens(message.wire))
+
+    def _append(self, message: Message) -> None:
         wire = getattr(message, "wire", None) or _wire_of(message, None)
+        message.wire = wire
+        if not message.token_estimate:
+            message.token_estimate = estimate_message_tokens(wire)
         encoded = json.dumps(wire, ensure_ascii=False)
         self.messages.append_encoded(wire, encoded)
-        self.history_tokens += message.token_estimate or estimate_message_tokens(wire)
+        self.history_tokens += message.token_estimate
         self.digest = hashlib.sha256(f"{self.digest}\n{encoded}".encode()).hexdigest()
         if self.first_id is None:
             self.first_id = message.pk
         self.last_id = message.pk
+
+    def wire_span(self, start: int, stop: int) -> list[dict]:
+        """The wire messages of history positions [start, stop) (ids[start:stop])."""
+        offset = 2 if self.anchor_id is not None else 1
+        return list(self.messages[offset + start : offset + stop])
 
 
 # --- the step phases of a slice (fenced by its RunnerWriter) ---------------------------------------
@@ -229,22 +263,26 @@ def close_dangling_calls(session_id, token) -> list[dict]:
     - a model call with no end is ended `interrupted` (`model.ended` with the reason): its
       answer was never committed, the next step asks again;
     - every tool call of the open turn's last response without a result gets an `interrupted`
-      one, so the next request is valid (each call answered) and the call is not run again.
+      one, so the next request is valid (each call answered) and the call is not run again;
+    - a pending compaction is promoted if its summary was validated, else discarded.
     A turn parked on an approval is left alone: its calls wait for a person. Announced as
     `session.recovered` (the model calls closed listed as an extension). Returns the tool calls
     closed."""
+    from .compaction import settle_pending_compaction
+
     with locked_session(session_id, token) as session:
         turn_id = session.current_turn_id
         model_calls = _close_open_model_calls(session)
+        settled = settle_pending_compaction(session)
         closed = []
         if turn_id is not None and session.status in (SessionStatus.RUNNING, SessionStatus.PREPARING):
             closed = _answer_dangling_tool_calls(session, turn_id)
-        if closed or model_calls:
+        if closed or model_calls or settled:
             emit(
                 session,
                 "session.recovered",
                 {
-                    "restored": [],
+                    "restored": [settled] if settled else [],
                     "interrupted_calls": closed,
                     "interrupted_model_calls": model_calls,
                     "next": "the turn continues with the next step" if turn_id else "nothing was running",

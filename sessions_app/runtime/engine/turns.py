@@ -18,6 +18,9 @@ from .sessions import consume_inputs, queued_inputs, workspace_dir
 # Inputs that start a turn when none is open (other kinds wait for their owner).
 TURN_STARTING_KINDS = (InputKind.MESSAGE, InputKind.GUIDANCE)
 
+# A turn in one of these steps on (guidance joins it at a boundary); others are parked.
+RUNNING_STATUSES = (SessionStatus.RUNNING, SessionStatus.PREPARING, SessionStatus.COMPRESSING)
+
 # How a turn's end reason shows in the Session status users see.
 STATUS_AFTER_TURN = {
     TurnReason.COMPLETED: SessionStatus.IDLE,
@@ -191,7 +194,7 @@ def take_boundary(session_id, token, on_parked=None) -> Boundary:
         boundary = Boundary(turn_id=session.current_turn_id, status=session.status)
         if session.current_turn_id is None:
             boundary.next_input = next((i for i in queued if i.kind in TURN_STARTING_KINDS), None)
-        elif session.status in (SessionStatus.RUNNING, SessionStatus.PREPARING):
+        elif session.status in RUNNING_STATUSES:
             guidance = [i for i in queued if i.kind == InputKind.GUIDANCE]
             if guidance:
                 consume_inputs(guidance, Turn(pk=session.current_turn_id))

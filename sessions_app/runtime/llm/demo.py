@@ -227,6 +227,8 @@ class DemoModelProvider:
     def complete(
         self, messages, tools, *, purpose: str, on_delta=None, cancel: CancelSignal | None = None
     ) -> ModelResult:
+        if purpose == "summary":
+            return self._say(json.dumps(self._summary(messages)), None, cancel)
         task_start = self._task_start(messages)
         if task_start is None:
             return self._say(self._explain(), on_delta, cancel)
@@ -370,6 +372,31 @@ class DemoModelProvider:
             ):
                 return i
         return None
+
+    @staticmethod
+    def _summary(messages) -> dict:
+        """A continuity state for a `summary` call (CONTRACT shape), made from the request alone:
+        the goals it was given and the lines of the transcript that name calls."""
+        text = messages[-1].get("content") or "" if messages else ""
+        head, _, transcript = text.partition("\n\nMessages to compress, oldest first:\n")
+        try:
+            goals = json.loads(head).get("goals") or {}
+        except ValueError:
+            goals = {}
+        calls = [line[:200] for line in transcript.splitlines() if "| calls:" in line]
+        requests = [line[7:500] for line in transcript.splitlines() if line.startswith("[user] ")]
+        return {
+            "goal": goals.get("phase_goal") or goals.get("session_goal") or "",
+            "deliverables": [],
+            "progress": [f"{len(transcript.splitlines())} earlier messages compacted by the demo model."]
+            + calls[-10:],
+            "decisions": [],
+            "constraints": [],
+            "open_questions": [],
+            "next_actions": [],
+            "artifacts": [],
+            "active_user_request": requests[-1] if requests else "",
+        }
 
     @staticmethod
     def _explain() -> str:
