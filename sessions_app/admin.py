@@ -8,7 +8,7 @@ from tenancy_app.admin import ReadOnlyTenantScopedAdmin, TenantScopedAdmin
 from tenancy_app.crypto import encrypt
 from tools_app.net import OutboundRefused, check_url
 
-from .models import Delivery, Input, Message, ModelCall, ModelConfig, Session, SessionEvent
+from .models import Checkpoint, Delivery, Input, Message, ModelCall, ModelConfig, Session, SessionEvent
 
 
 class ModelConfigForm(forms.ModelForm):
@@ -153,3 +153,23 @@ class DeliveryAdmin(ReadOnlyTenantScopedAdmin):
     @admin.display(description="unresolved failures")
     def unresolved(self, obj):
         return len(obj.unresolved_failures)
+
+
+@admin.register(Checkpoint)
+class CheckpointAdmin(ReadOnlyTenantScopedAdmin):
+    """Context compactions: where each cut the history, how (summary or trim) and what it saved."""
+
+    list_display = [
+        "id",
+        "session",
+        "status",
+        "method",
+        "covers_from_id",
+        "covers_to_id",
+        "tokens_before",
+        "tokens_after",
+        "budget",
+        "created_at",
+    ]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "status", "method"]
+    search_fields = ["reason"]

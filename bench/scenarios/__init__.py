@@ -44,5 +44,8 @@ SCENARIOS = {
         Scenario(
             "parallel", "6. Four read-only tool calls in one step: parallel vs serial", "parallel_tools"
         ),
+        Scenario(
+            "compaction", "7. A 300-step turn in an 8,000-token window: budget and compaction", "compaction"
+        ),
     )
 }

@@ -11,6 +11,7 @@ a `callable(text) -> int` (e.g. a wrapper around a local tokenizer) used instead
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import cache
 
@@ -51,6 +52,8 @@ def context_budget(context_window: int, max_output_tokens: int) -> int:
     return max(context_window - max_output_tokens - margin, 0)
 
 
+# How much a count adds to the estimate of what the provider has not counted yet (see `count`).
+UNREPORTED_PAD = 0.05
 # How far a provider's count may be from ours before we stop trusting the ratio (a bad report).
 MIN_RATIO, MAX_RATIO = 0.25, 4.0
 
@@ -73,9 +76,11 @@ class Calibration:
     def count(self, estimated_now: int, context_start_id: int | None) -> int:
         """The request's count: the last report plus what was added since (our estimate of the
         difference, scaled by this model's ratio). After the context start moved (a compaction),
-        the last report no longer covers a prefix of the request: the scaled estimate alone."""
+        the last report no longer covers a prefix of the request: the scaled estimate alone.
+        What no report covers yet is padded (UNREPORTED_PAD): a count that errs must err high,
+        or a request the provider counts a few tokens over the budget gets sent."""
         if self.reported <= 0:
-            return estimated_now
+            return math.ceil(estimated_now * (1 + UNREPORTED_PAD))
         if context_start_id != self.context_start_id or estimated_now < self.estimated:
-            return round(estimated_now * self.ratio)
-        return self.reported + round((estimated_now - self.estimated) * self.ratio)
+            return math.ceil(estimated_now * self.ratio * (1 + UNREPORTED_PAD))
+        return self.reported + math.ceil((estimated_now - self.estimated) * self.ratio * (1 + UNREPORTED_PAD))
