@@ -140,6 +140,27 @@ def test_guidance_joins_the_next_request_of_the_same_turn(session, model_server,
     assert turns.count() == 1 and turns[0].reason == "completed"
 
 
+def test_interrupt_before_the_model_answers_at_all_aborts_the_turn_without_waiting(session, model_server):
+    """A model that thinks long before its first byte: the interrupt does not wait for it."""
+    model_server.script("agent", text_reply("too late", delay_before_s=20))
+    send(session, "think hard")
+
+    def interrupt_once_asked():
+        model_server.wait_for_requests(1, timeout=10)
+        brain.interrupt(session)
+        connection.close()
+
+    interrupter = threading.Thread(target=interrupt_once_asked)
+    interrupter.start()
+    drive_until_idle(session)
+    interrupter.join(timeout=10)
+
+    assert Turn.objects.get(session=session).reason == "aborted"
+    assert ModelCall.objects.get(session=session).finish_reason == "cancelled"
+    # The turn ended before the server sent its first byte: nothing waited for the answer.
+    assert model_server.requests_for("agent")[0].started_at is None
+
+
 def test_interrupt_during_a_slow_stream_aborts_the_turn(session, model_server):
     model_server.script(
         "agent",

@@ -275,3 +275,35 @@ def test_recovery_promotes_a_validated_pending_compaction_and_discards_another(
     assert unvalidated.status == "discarded"
     assert session.context_checkpoint_id == validated.pk  # unchanged
     assert session.status == "running"
+
+
+def test_an_interrupt_during_the_summary_call_drops_the_compaction_and_stops_the_turn(
+    reading_session, small_window, model_server
+):
+    import threading
+
+    from sessions_app.choices import InputKind
+
+    session = reading_session
+    model_server.default("summary", json_reply(valid_state(), delay_before_s=30))
+    script_reads(model_server)
+
+    def interrupt_when_summarizing():
+        model_server.wait_for_requests(1, purpose="summary", timeout=60)
+        send(session, "", kind=InputKind.INTERRUPT)
+
+    watcher = threading.Thread(target=interrupt_when_summarizing, daemon=True)
+    watcher.start()
+    send(session, TASK)
+    drive_until_idle(session, max_slices=200)
+    watcher.join(timeout=5)
+
+    turn = Turn.objects.get(session=session)
+    assert turn.reason == "aborted"
+    assert session.status == "interrupted"
+    checkpoint = Checkpoint.objects.get(session=session)
+    assert (checkpoint.status, checkpoint.reason) == ("discarded", "interrupted by the user")
+    assert "compaction.committed" not in event_types(session)
+    assert session.context_start_message_id is None
+    assert ModelCall.objects.get(session=session, purpose="summary").finish_reason == "cancelled"
+    assert_tool_pairs(session)

@@ -120,6 +120,36 @@ def request_body(model: EffectiveModel, messages: list[dict], tools: list[dict])
     return f'{head[:-1]}, "messages": {encoded}}}'.encode()
 
 
+def _post_until_cancelled(post: Callable[[], Stream], cancel: CancelSignal) -> Stream:
+    """`post()` — which returns once the response headers arrive — unless the user interrupts
+    first: a model that thinks for a minute before its first byte must not hold an interrupt
+    that long. The request then finishes in its thread, and its stream is closed unread."""
+    outcome: dict = {}
+    done = threading.Event()
+
+    def run():
+        try:
+            outcome["stream"] = post()
+        except BaseException as exc:
+            outcome["error"] = exc
+        finally:
+            done.set()
+            if cancel.is_set() and "stream" in outcome:
+                outcome["stream"].close()
+
+    threading.Thread(target=run, name="model-request", daemon=True).start()
+    unregister = cancel.on_cancel(done.set)
+    try:
+        done.wait()
+    finally:
+        unregister()
+    if "error" in outcome:
+        raise outcome["error"]
+    if "stream" not in outcome:  # interrupted before the answer began
+        raise Cancelled()
+    return outcome["stream"]
+
+
 class OpenAIChatProvider:
     def __init__(self, model: EffectiveModel):
         self.model = model
@@ -165,14 +195,17 @@ class OpenAIChatProvider:
         # and streaming parser) already encoded: `chat.completions.create` would walk and
         # re-validate the whole history on every call, the largest cost of a step, growing
         # with history. Our messages are wire dicts we built ourselves.
-        stream = self.client.post(
-            "/chat/completions",
-            cast_to=ChatCompletion,
-            content=request_body(self.model, messages, tools),
-            options={"headers": {"Content-Type": "application/json", "X-XAgent-Call": purpose}},
-            stream=True,
-            stream_cls=Stream[ChatCompletionChunk],
-        )
+        def post() -> Stream[ChatCompletionChunk]:
+            return self.client.post(
+                "/chat/completions",
+                cast_to=ChatCompletion,
+                content=request_body(self.model, messages, tools),
+                options={"headers": {"Content-Type": "application/json", "X-XAgent-Call": purpose}},
+                stream=True,
+                stream_cls=Stream[ChatCompletionChunk],
+            )
+
+        stream = post() if cancel is None else _post_until_cancelled(post, cancel)
         # Interrupt closes the HTTP response from the watcher thread, which ends the read loop.
         unregister = cancel.on_cancel(stream.close) if cancel is not None else (lambda: None)
         result = ModelResult()
