@@ -441,10 +441,14 @@
     const messages = [...ui.messages.children];
     for (const node of extras) {
       const turn = turnOf(node);
+      // A note about a point inside the turn (a compaction) goes after the last message it covers.
+      const after = node.dataset.afterMessage ? Number(node.dataset.afterMessage) : NaN;
       let anchor = null;
       for (const message of messages) {
         const own = message.dataset.turn === undefined || message.dataset.turn === "" ? NaN : Number(message.dataset.turn);
-        if (!Number.isNaN(own) && own <= turn) anchor = message;
+        if (Number.isNaN(own) || own > turn) continue;
+        if (!Number.isNaN(after) && own === turn && Number(message.dataset.id) > after) continue;
+        anchor = message;
       }
       if (turn === Infinity) anchor = messages[messages.length - 1] || null;
       // After the anchor and after the extras already placed behind it (same turn, made earlier).
@@ -488,7 +492,11 @@
       : `Context compacted: earlier steps were summarized so the task fits the model's window${saved}. Nothing was deleted; the goals are unchanged.`;
     const note = el(
       "li",
-      { className: "turn-note compaction-note", dataset: { testid: "compaction-note", method: data.method || "summary" }, attrs: { role: "status" } },
+      {
+        className: "turn-note compaction-note",
+        dataset: { testid: "compaction-note", method: data.method || "summary", afterMessage: data.covers_to_id || "" },
+        attrs: { role: "status" },
+      },
       el("span", { className: "turn-note-icon", attrs: { "aria-hidden": "true" }, text: "⇣" }),
       el("div", { className: "turn-note-lines" }, el("p", { text }))
     );

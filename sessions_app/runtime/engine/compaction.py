@@ -243,6 +243,7 @@ def _commit(
             "checkpoint_id": checkpoint.pk,
             "turn_id": checkpoint.turn_id,
             "method": checkpoint.method,
+            "covers_to_id": checkpoint.covers_to_id,
             "tokens_before": checkpoint.tokens_before,
             "tokens_after": checkpoint.tokens_after,
             **({"discarded_checkpoint_id": discarded.pk, "reason": reason} if discarded is not None else {}),
