@@ -37,7 +37,7 @@ from ..models import Checkpoint, Message, ModelCall, Plan, Session, Turn
 from . import approvals, engine, summary
 from .events import broadcast_delta
 from .llm.base import Cancelled, CancelSignal, ModelCallFailed
-from .llm.config import resolve_model
+from .llm.config import EffectiveModel, resolve_model
 from .llm.providers import provider_for
 from .llm.tokens import Calibration, context_budget, estimate_message_tokens, estimate_tools_tokens
 
@@ -118,6 +118,7 @@ class SliceContext:
         self.continuity_state: dict | None = None
         self._anchor_key = None
         self.anchor_id: int | None = None
+        self.model: EffectiveModel | None = None
         self.calibration: Calibration | None = None
         self.compaction_blocked_at: int | None = None
 
@@ -196,9 +197,13 @@ class SliceContext:
             )
             self.anchor_id = request if request is not None and request < start else None
         if self.calibration is None:
+            # Calibrated per model: only this model's last report counts.
             last = (
                 ModelCall.objects.filter(
-                    session_id=self.session_id, purpose=CallPurpose.AGENT, prompt_tokens__gt=0
+                    session_id=self.session_id,
+                    purpose=CallPurpose.AGENT,
+                    model=self.model.model,
+                    prompt_tokens__gt=0,
                 )
                 .order_by("-id")
                 .values("prompt_tokens", "estimated_prompt_tokens", "fact_versions")
@@ -213,7 +218,10 @@ class SliceContext:
 
     def _read_configuration(self, session: Session) -> None:
         tenant_id = session.tenant_id
-        self.model = resolve_model(session)
+        model = resolve_model(session)
+        if self.model is None or (model.base_url, model.model) != (self.model.base_url, self.model.model):
+            self.calibration = None  # another model counts differently
+        self.model = model
         self.budget = context_budget(self.model.context_window, self.model.max_output_tokens)
         capabilities = engine.session_capabilities(session.pk)
         self.tools = resolve_available(tenant_id, capabilities["tools"], capabilities["toolsets"])
@@ -535,7 +543,7 @@ class AgentService:
         if plan is None:
             context.compaction_blocked_at = context.history.last_id
             return False
-        state_budget = max(int(context.budget * engine.compaction.STATE_SHARE), 64)
+        state_budget = engine.state_budget(context.budget)
         messages = summary.summary_request(
             goals={"session_goal": context.session.session_goal, "phase_goal": context.session.phase_goal},
             previous_state=context.continuity_state,

@@ -21,6 +21,7 @@ from .compaction import (
     plan_compaction,
     record_summary,
     settle_pending_compaction,
+    state_budget,
 )
 from .context import (
     BASE_SYSTEM_PROMPT,
@@ -126,6 +127,7 @@ __all__ = [
     "set_status",
     "settle_pending_compaction",
     "start_turn",
+    "state_budget",
     "stored_calls",
     "system_prompt",
     "take_boundary",

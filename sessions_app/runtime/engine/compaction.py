@@ -38,6 +38,11 @@ STATE_SHARE = 0.2
 TRIM_LISTED_CALLS = 30
 
 
+def state_budget(budget: int) -> int:
+    """The most tokens a continuity state may take (what a summary is validated against)."""
+    return max(int(budget * STATE_SHARE), 64)
+
+
 @dataclass
 class CompactionPlan:
     start_index: int  # the history position of the first message kept
