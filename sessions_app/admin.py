@@ -9,6 +9,10 @@ from tenancy_app.crypto import encrypt
 from tools_app.net import OutboundRefused, check_url
 
 from .models import Checkpoint, Delivery, Input, Message, ModelCall, ModelConfig, Session, SessionEvent
+from .runtime.llm.tokens import context_budget
+
+# The least room a model configuration must leave for a request (the context budget).
+MIN_REQUEST_TOKENS = 1024
 
 
 class ModelConfigForm(forms.ModelForm):
@@ -52,6 +56,13 @@ class ModelConfigForm(forms.ModelForm):
         window, output = cleaned.get("context_window"), cleaned.get("max_output_tokens")
         if window and output and output >= window:
             raise forms.ValidationError("max_output_tokens must be smaller than context_window.")
+        if window and output and context_budget(window, output) < MIN_REQUEST_TOKENS:
+            # A budget this small compacts at every step and still cannot fit a request.
+            self.add_error(
+                "max_output_tokens",
+                f"leaves {context_budget(window, output)} tokens for the request (context window − "
+                f"max output − margin); at least {MIN_REQUEST_TOKENS} are needed.",
+            )
         return cleaned
 
     def save(self, commit=True):

@@ -307,3 +307,26 @@ def test_an_interrupt_during_the_summary_call_drops_the_compaction_and_stops_the
     assert session.context_start_message_id is None
     assert ModelCall.objects.get(session=session, purpose="summary").finish_reason == "cancelled"
     assert_tool_pairs(session)
+
+
+@pytest.mark.parametrize(
+    "window, output, problem",
+    [
+        (4000, 4000, "max_output_tokens must be smaller than context_window"),
+        (4000, 3000, "leaves 744 tokens for the request"),
+    ],
+)
+def test_a_model_configuration_must_leave_room_for_a_request(tenant_a, owner_a, window, output, problem):
+    from django.test import Client
+
+    from sessions_app.models import ModelConfig
+
+    admin = Client()
+    admin.force_login(owner_a)
+    form = {"tenant": tenant_a.pk, "name": "tiny", "base_url": "", "api_key": "", "model": "m",
+            "context_window": window, "max_output_tokens": output}  # fmt: skip
+    response = admin.post("/admin/sessions_app/modelconfig/add/", form)
+    assert response.status_code == 200 and problem in response.content.decode()
+    assert not ModelConfig.objects.filter(name="tiny").exists()
+    form["max_output_tokens"] = 1000
+    assert admin.post("/admin/sessions_app/modelconfig/add/", form).status_code == 302
