@@ -8,7 +8,16 @@ from tenancy_app.admin import ReadOnlyTenantScopedAdmin, TenantScopedAdmin
 from tenancy_app.crypto import encrypt
 from tools_app.net import OutboundRefused, check_url
 
-from .models import Delivery, Input, Message, ModelCall, ModelConfig, Session, SessionEvent
+from .models import (
+    Delivery,
+    Input,
+    Message,
+    ModelCall,
+    ModelConfig,
+    Session,
+    SessionEvent,
+    WorkerPresence,
+)
 
 
 class ModelConfigForm(forms.ModelForm):
@@ -153,3 +162,27 @@ class DeliveryAdmin(ReadOnlyTenantScopedAdmin):
     @admin.display(description="unresolved failures")
     def unresolved(self, obj):
         return len(obj.unresolved_failures)
+
+
+@admin.register(WorkerPresence)
+class WorkerPresenceAdmin(admin.ModelAdmin):
+    """Which processes run slices and when each was last seen: infrastructure, so operators
+    (superusers) only, and read-only — the processes themselves keep these rows."""
+
+    list_display = ["holder", "host", "pid", "started_at", "seen_at"]
+    search_fields = ["holder", "host"]
+
+    def has_module_permission(self, request):
+        return request.user.is_active and request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
