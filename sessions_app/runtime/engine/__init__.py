@@ -7,7 +7,8 @@ One facade over a small package, split by fact:
 - `turns`: turns and the Session status;
 - `history`: messages, their wire form, the slice's request history, tool results;
 - `plan`: facts tools change (plan, file changes) and a person's file changes;
-- `context`: the system prompt, the assembled request and the model-call record.
+- `context`: the system prompt, the assembled request and the model-call record;
+- `recovery`: what a runner that took over from a lost one normalises first.
 """
 
 from .context import (
@@ -25,14 +26,16 @@ from .history import (
     INTERRUPTED_CALL_TEXT,
     RequestHistory,
     append_message,
-    close_dangling_calls,
     commit_tool_result,
+    has_unanswered_calls,
     record_tool_result,
     stored_calls,
+    unanswered_calls,
     wire_message,
     without_nul,
 )
 from .plan import file_changed, plan_create, plan_update, record_person_file_change
+from .recovery import Recovery, recover_lost_runner
 from .sessions import (
     InvalidInput,
     add_selected_capabilities,
@@ -48,11 +51,13 @@ from .sessions import (
     workspace_path,
 )
 from .turns import (
+    ACTIVE_STATUSES,
     STATUS_AFTER_TURN,
     TURN_STARTING_KINDS,
     Boundary,
     TurnProgress,
     end_turn,
+    fail_without_turn,
     finish_turn,
     input_text,
     save_progress,
@@ -62,6 +67,7 @@ from .turns import (
 )
 
 __all__ = [
+    "ACTIVE_STATUSES",
     "BASE_SYSTEM_PROMPT",
     "GUIDANCE_FRAME",
     "INTERRUPTED_CALL_TEXT",
@@ -72,6 +78,7 @@ __all__ = [
     "CallOutcome",
     "InvalidInput",
     "LeaseLost",
+    "Recovery",
     "RequestHistory",
     "RunnerWriter",
     "StaleSlice",
@@ -80,12 +87,13 @@ __all__ = [
     "append_message",
     "archive_session",
     "begin_model_call",
-    "close_dangling_calls",
     "commit_tool_result",
     "consume_inputs",
     "create_session",
     "end_model_call",
     "end_turn",
+    "fail_without_turn",
+    "has_unanswered_calls",
     "enqueue_input",
     "file_changed",
     "finish_turn",
@@ -99,6 +107,7 @@ __all__ = [
     "queued_inputs",
     "record_person_file_change",
     "record_tool_result",
+    "recover_lost_runner",
     "save_progress",
     "session_capabilities",
     "set_status",
@@ -106,6 +115,7 @@ __all__ = [
     "stored_calls",
     "system_prompt",
     "take_boundary",
+    "unanswered_calls",
     "update_session",
     "wire_message",
     "without_nul",
