@@ -312,6 +312,18 @@ def _rerun_kind(tenant_id: int):
 # --- recovery sweeps ---------------------------------------------------------------------------------
 
 
+def expire_lease(session_id, token, holder: str) -> bool:
+    """End the lease `holder` holds with `token` now, if it still does (compare-and-set: a lease
+    that changed hands meanwhile is left alone). The token stays, so the next claim is a
+    takeover and settles what the lost runner left; if the holder was alive after all, its next
+    fenced commit finds the new token and stops (LeaseLost)."""
+    return bool(
+        Session.objects.filter(pk=session_id, runner_token=token, runner_holder=holder).update(
+            lease_expires_at=timezone.now()
+        )
+    )
+
+
 def recover_stale_sessions() -> int:
     """The recovery sweep (worker start, beat every few seconds, the embedded timer). Returns how
     many Sessions it woke.
@@ -332,9 +344,7 @@ def recover_stale_sessions() -> int:
     )
     gone = presence.gone_holders({holder for _, _, holder in leased})
     for session_id, token, holder in leased:
-        if holder in gone and Session.objects.filter(
-            pk=session_id, runner_token=token, runner_holder=holder
-        ).update(lease_expires_at=now):
+        if holder in gone and expire_lease(session_id, token, holder):
             logger.warning("session %s: lease holder %s is gone; taking over", session_id, holder)
             expired.add(session_id)
 
