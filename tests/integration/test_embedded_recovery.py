@@ -5,12 +5,15 @@ turn completes. The lease is 600 s, so its lapsing cannot explain the takeover."
 
 import sys
 import time
+from contextlib import contextmanager
 
 import httpx2 as httpx
 
 from tests.support.model_server import text_reply
 
 from .processes import embedded_env, free_port, manage, running, wait_for_http
+
+PASSWORD = "recovery-pass-123"
 
 
 def _stack_env(tmp_path, model_server) -> dict[str, str]:
@@ -28,7 +31,11 @@ def _events(api, session_id) -> list[dict]:
     return api.get(f"/sessions/{session_id}/events/").json()["events"]
 
 
-def test_a_killed_embedded_stack_resumes_the_turn_after_a_restart(tmp_path, model_server):
+@contextmanager
+def killed_and_restarted(tmp_path, model_server):
+    """An embedded install whose runstack is SIGKILLed while the first turn's answer streams,
+    then started again on the same database. Yields (base URL, API key, session id) once the
+    restarted stack has ended that turn."""
     model_server.script(
         "agent",
         text_reply("slow " * 400, chunk_size=5, delay_per_chunk_s=0.05),  # killed in here
@@ -37,7 +44,7 @@ def test_a_killed_embedded_stack_resumes_the_turn_after_a_restart(tmp_path, mode
     env = _stack_env(tmp_path, model_server)
     manage(env, "migrate", "--noinput", "-v0")
     manage(env, "create_tenant", "acme")
-    manage(env, "create_user", "alice", "--tenant", "acme", "--role", "owner")
+    manage(env, "create_user", "alice", "--tenant", "acme", "--role", "owner", "--password", PASSWORD)
     key = manage(env, "create_api_key", "--tenant", "acme", "--user", "alice").stdout.strip()
     headers = {"Authorization": f"Bearer {key}"}
 
@@ -58,10 +65,18 @@ def test_a_killed_embedded_stack_resumes_the_turn_after_a_restart(tmp_path, mode
         with httpx.Client(base_url=f"{base}/api/v1", headers=headers, timeout=30) as api:
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline:
-                events = _events(api, session_id)
-                if any(e["type"] == "turn.ended" for e in events):
+                if any(e["type"] == "turn.ended" for e in _events(api, session_id)):
                     break
                 time.sleep(0.2)
+        yield base, key, session_id
+
+
+def test_a_killed_embedded_stack_resumes_the_turn_after_a_restart(tmp_path, model_server):
+    with killed_and_restarted(tmp_path, model_server) as (base, key, session_id):
+        with httpx.Client(
+            base_url=f"{base}/api/v1", headers={"Authorization": f"Bearer {key}"}, timeout=30
+        ) as api:
+            events = _events(api, session_id)
             messages = api.get(f"/sessions/{session_id}/messages/").json()
             session = api.get(f"/sessions/{session_id}/").json()
 

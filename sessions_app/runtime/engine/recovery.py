@@ -56,6 +56,7 @@ class Recovery:
     rerun_calls: list[dict] = field(default_factory=list)
     next: str = ""
     found: bool = False
+    turn_id: int | None = None  # the turn that was open (the browser places its card there)
 
     def as_event(self) -> dict:
         return {
@@ -64,6 +65,7 @@ class Recovery:
             "next": self.next,
             "interrupted_model_calls": self.interrupted_model_calls,
             "rerun_calls": self.rerun_calls,
+            **({"turn_id": self.turn_id} if self.turn_id is not None else {}),
         }
 
 
@@ -87,6 +89,7 @@ def recover_lost_runner(session_id, token, rerun_kind: Callable[[str], str] | No
             else:
                 recovery.next = "nothing was running"
         else:
+            recovery.turn_id = turn.pk
             steps = (
                 ModelCall.objects.filter(turn_id=turn.pk, purpose=CallPurpose.AGENT)
                 .exclude(finish_reason="interrupted")
