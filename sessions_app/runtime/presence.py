@@ -123,14 +123,28 @@ def stop_presence() -> None:
         logger.debug("could not remove presence row", exc_info=True)
 
 
+# Rows of processes gone this long are removed (a gone holder without a row is judged the same way
+# as one with a stale row, so this only keeps the table, and the admin list, short).
+FORGET_AFTER = timedelta(hours=1)
+PRUNE_EVERY_BEATS = 100
+
+
+def prune() -> int:
+    return WorkerPresence.objects.filter(seen_at__lt=timezone.now() - FORGET_AFTER).delete()[0]
+
+
 def _beat_forever(stop: threading.Event, interval: float) -> None:
     from django.db import close_old_connections, connection
 
+    beats = 0
     try:
         while True:
             try:
                 close_old_connections()
                 beat()
+                beats += 1
+                if beats % PRUNE_EVERY_BEATS == 1:
+                    prune()
             except Exception:
                 # A missed beat is survivable (the timeout is several beats); keep trying.
                 logger.warning("presence beat failed", exc_info=True)

@@ -92,6 +92,48 @@ class TestGoneHolders:
         assert row.seen_at >= first and row.pid == os.getpid()
         assert WorkerPresence.objects.count() == 1
 
+    def test_rows_of_processes_gone_for_long_are_pruned(self, db):
+        _row("elsewhere/1:7:old0", seen_ago=presence.FORGET_AFTER.total_seconds() + 60)
+        _row("elsewhere/1:8:new0", seen_ago=30)
+        assert presence.prune() == 1
+        assert list(WorkerPresence.objects.values_list("holder", flat=True)) == ["elsewhere/1:8:new0"]
+
+
+class TestPresenceAdmin:
+    URL = "/admin/sessions_app/workerpresence/"
+
+    def test_only_superusers_see_it_and_nobody_edits_it(self, db, owner_a):
+        from django.test import Client
+
+        from tests.factories import UserFactory
+
+        _row("elsewhere/1:9:abcd")
+        tenant_admin, root = Client(), Client()
+        tenant_admin.force_login(owner_a)  # staff owner of tenant A, not a superuser
+        root.force_login(UserFactory(username="root", is_staff=True, is_superuser=True))
+
+        assert tenant_admin.get(self.URL).status_code == 403
+        listing = root.get(self.URL)
+        assert listing.status_code == 200 and b"elsewhere/1:9:abcd" in listing.content
+        assert root.get(f"{self.URL}add/").status_code == 403
+        row = WorkerPresence.objects.get()
+        assert root.post(f"{self.URL}{row.pk}/change/", {"pid": 1}).status_code == 403
+        assert WorkerPresence.objects.get().pid == 9
+
+    def test_the_tenant_admin_edits_auto_resume(self, tenant_a, owner_a):
+        from django.test import Client
+
+        client = Client()
+        client.force_login(owner_a)
+        form = client.get(f"/admin/tenancy_app/tenant/{tenant_a.pk}/change/")
+        assert b'name="auto_resume_after_recovery"' in form.content
+        response = client.post(
+            f"/admin/tenancy_app/tenant/{tenant_a.pk}/change/", {"name": tenant_a.name}
+        )  # an unticked checkbox is simply absent from the form
+        assert response.status_code == 302
+        tenant_a.refresh_from_db()
+        assert tenant_a.auto_resume_after_recovery is False
+
 
 # --- the sweep ---------------------------------------------------------------------------------------
 
