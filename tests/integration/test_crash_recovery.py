@@ -171,11 +171,12 @@ def test_a_worker_killed_mid_tool_leaves_a_valid_history_and_the_tool_is_not_rer
     ]
 
 
-def test_an_idempotent_call_killed_before_its_result_runs_again(
-    tmp_path, api_owner_a, tenant_a, model_config_a, model_server, shell_for_a, worker_env
+@pytest.mark.parametrize("flag", ["read_only", "idempotent"])
+def test_a_read_only_or_idempotent_call_killed_before_its_result_runs_again(
+    flag, tmp_path, api_owner_a, tenant_a, model_config_a, model_server, shell_for_a, worker_env
 ):
-    # An admin declared this tenant's shell idempotent: recovery may run its calls again.
-    Tool.objects.filter(tenant=None, name="shell_exec").update(idempotent=True)
+    # An admin declared the shell read-only or idempotent: recovery may run its calls again.
+    Tool.objects.filter(tenant=None, name="shell_exec").update(**{flag: True})
     model_server.script(
         "agent",
         tool_reply(
@@ -208,7 +209,7 @@ def test_an_idempotent_call_killed_before_its_result_runs_again(
     assert not result.is_error
     recovered = SessionEvent.objects.get(session=session, type="session.recovered").data
     assert recovered["rerun_calls"] == [{"call_id": "again", "tool": "shell_exec"}]
-    assert "re-running idempotent call shell_exec (again)" in recovered["restored"]
+    assert f"re-running {flag.replace('_', '-')} call shell_exec (again)" in recovered["restored"]
     assert_tool_pairs(session)
 
 
