@@ -355,7 +355,11 @@ def recover_stale_sessions() -> int:
         Session.objects.filter(archived_at__isnull=True)
         .filter(Q(runner_token__isnull=True) | Q(lease_expires_at__lt=now))
         .filter(
-            Q(status__in=engine.ACTIVE_STATUSES)
+            Q(status__in=[SessionStatus.RUNNING, SessionStatus.PREPARING])
+            # Compressing is work only for a takeover (a lapsed lease) or when no turn is open
+            # (it then fails): woken otherwise, a runner would find nothing to do, every sweep.
+            | Q(status=SessionStatus.COMPRESSING)
+            & (Q(current_turn__isnull=True) | Q(runner_token__isnull=False))
             | Q(
                 current_turn__isnull=True,
                 pk__in=queued(InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.INTERRUPT),

@@ -430,3 +430,32 @@ def test_guidance_waits_until_the_calls_left_by_recovery_have_run(
     roles = list(Message.objects.filter(session=session).order_by("id").values_list("role", "tool_call_id"))
     assert roles[1:4] == [("assistant", ""), ("tool", "r1"), ("user", "")]
     assert_tool_pairs(session)
+
+
+def test_a_turn_lost_while_compressing_goes_on_running(tenant_a, owner_a, model_config_a, model_server):
+    session = new_session(tenant_a, owner_a)
+    send(session, "long task")
+    token = brain.acquire(session.pk)
+    turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
+    with engine.locked_session(session.pk, token) as locked:
+        engine.set_status(locked, "compressing")
+    _lose_runner(session)
+    model_server.script("agent", text_reply("done"))
+
+    assert brain.recover_stale_sessions() == 1
+    drive_until_idle(session)
+
+    assert Turn.objects.get(pk=turn.pk).reason == "completed"
+    assert "the compaction in progress was stopped" in _recovered(session)["restored"]
+
+
+def test_a_compressing_turn_without_a_runner_is_not_woken_for_nothing(tenant_a, owner_a):
+    session = new_session(tenant_a, owner_a)
+    send(session, "long task")
+    token = brain.acquire(session.pk)
+    engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
+    with engine.locked_session(session.pk, token) as locked:
+        engine.set_status(locked, "compressing")
+    Session.objects.filter(pk=session.pk).update(runner_token=None, runner_holder="", lease_expires_at=None)
+
+    assert brain.recover_stale_sessions() == 0

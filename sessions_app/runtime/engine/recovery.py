@@ -34,7 +34,7 @@ from ...models import Input, ModelCall, Session
 from ..events import emit
 from .fencing import locked_session
 from .history import INTERRUPTED_CALL_TEXT, record_tool_result, unanswered_calls
-from .turns import ACTIVE_STATUSES, end_turn, fail_without_turn
+from .turns import ACTIVE_STATUSES, end_turn, fail_without_turn, set_status
 
 RUNNER_LOST = "the runner was lost during the call (worker stopped); the step is asked again"
 LOST_REASON = "runner lost before its result"
@@ -104,6 +104,11 @@ def recover_lost_runner(session_id, token, rerun_kind: Callable[[str], str] | No
                     .values_list("auto_resume_after_recovery", flat=True)
                     .get()
                 )
+                if session.status == SessionStatus.COMPRESSING:
+                    # Nobody compresses any more: the turn is at work again. (A pending compaction
+                    # row, if any, is compaction's to promote or discard.)
+                    set_status(session, SessionStatus.RUNNING)
+                    recovery.restored.append("the compaction in progress was stopped")
                 if auto_resume:
                     _settle_calls(session, turn.pk, rerun_kind, recovery)
                     recovery.next = (
