@@ -337,7 +337,8 @@ def test_auto_resume_off_closes_the_turn_and_keeps_the_queued_message(
     assert Message.objects.filter(turn=second, role="user").get().content == "and then this"
     recovered = _recovered(session)
     assert (
-        recovered["next"] == "the turn was closed: auto-continue is off; the queued message starts a new turn"
+        recovered["next"]
+        == "the turn was closed: auto-continue is off; the next queued message starts a new turn"
     )
     assert recovered["rerun_calls"] == [] and "1 queued input" in recovered["restored"]
     assert len(model_server.requests_for("agent")) == 1

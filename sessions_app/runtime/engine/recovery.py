@@ -105,11 +105,12 @@ def recover_lost_runner(session_id, token, rerun_kind: Callable[[str], str] | No
                     .get()
                 )
                 if session.status == SessionStatus.COMPRESSING:
-                    # Nobody compresses any more: the turn is at work again. (A pending compaction
-                    # row, if any, is compaction's to promote or discard.)
-                    set_status(session, SessionStatus.RUNNING)
                     recovery.restored.append("the compaction in progress was stopped")
                 if auto_resume:
+                    if session.status == SessionStatus.COMPRESSING:
+                        # Nobody compresses any more: the turn is at work again. (A pending
+                        # compaction row, if any, is compaction's to promote or discard.)
+                        set_status(session, SessionStatus.RUNNING)
                     _settle_calls(session, turn.pk, rerun_kind, recovery)
                     recovery.next = (
                         f"the calls left run, then the turn continues with step {steps + 1}"
@@ -120,7 +121,7 @@ def recover_lost_runner(session_id, token, rerun_kind: Callable[[str], str] | No
                     _settle_calls(session, turn.pk, lambda name: "", recovery)
                     end_turn(session, turn, TurnReason.INTERRUPTED, AUTO_RESUME_OFF)
                     recovery.next = "the turn was closed: auto-continue is off" + (
-                        "; the queued message starts a new turn" if queued else ""
+                        "; the next queued message starts a new turn" if queued else ""
                     )
             else:
                 recovery.next = f"the turn stays {session.status}"
