@@ -8,7 +8,7 @@ Tasks have explicit names and take ids only (STYLE §7).
 import os
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -34,9 +34,22 @@ def ping(nonce: str) -> str:
 
 @worker_ready.connect
 def _recover_on_start(sender, **kwargs):
-    """A restarted worker picks up Sessions whose runner died with the previous process: now,
-    and again once a lease the dead runner held must have lapsed (rather than at the next beat)."""
+    """A restarted worker picks up Sessions whose runner died with the previous process: now (a
+    lease holder whose process is gone is recognised at once, runtime/presence.py), and again
+    once a lease without a known holder must have lapsed (rather than at the next beat)."""
     from django.conf import settings
 
+    from sessions_app.runtime import presence
+
+    presence.ensure_started()
     sender.app.send_task("sessions.recover")
     sender.app.send_task("sessions.recover", countdown=settings.XAGENT_RUNNER_LEASE_SECONDS + 1)
+
+
+@worker_shutdown.connect
+def _leave_on_shutdown(sender, **kwargs):
+    """A clean stop removes this process's presence row: leases it still holds are taken over at
+    the next sweep instead of after the presence timeout."""
+    from sessions_app.runtime import presence
+
+    presence.stop_presence()

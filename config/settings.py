@@ -229,9 +229,18 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
     if EMBEDDED
     else {"visibility_timeout": _positive_int("XAGENT_VISIBILITY_TIMEOUT", 3600)}
 )
+# How often the recovery sweep runs (beat here; a timer thread in embedded mode).
+XAGENT_RECOVERY_SWEEP_SECONDS = _positive_int("XAGENT_RECOVERY_SWEEP_SECONDS", 5)
 CELERY_BEAT_SCHEDULE = {
     # Wake Sessions whose runner vanished (worker killed, task lost): ARCHITECTURE §6.
-    "recover-stale-sessions": {"task": "sessions.recover", "schedule": 60.0},
+    # Every few seconds: cheap (three small queries when nothing is wrong), and it bounds how
+    # long a turn whose worker died waits (runtime/presence.py).
+    "recover-stale-sessions": {
+        "task": "sessions.recover",
+        "schedule": float(XAGENT_RECOVERY_SWEEP_SECONDS),
+        # A sweep that waited behind busy workers longer than the next one is useless.
+        "options": {"expires": float(XAGENT_RECOVERY_SWEEP_SECONDS)},
+    },
     "expire-approvals": {"task": "sessions.expire_approvals", "schedule": 60.0},
 }
 XAGENT_EMBEDDED_WORKER_THREADS = _positive_int("XAGENT_EMBEDDED_WORKER_THREADS", 4)
@@ -348,6 +357,18 @@ XAGENT_MAX_STEPS_PER_TURN = _positive_int("XAGENT_MAX_STEPS_PER_TURN", 100)
 # A runner holds a Session's lease this long past its last write or heartbeat; a runner lost
 # with its worker (a crash, SIGKILL) is replaced once it lapses.
 XAGENT_RUNNER_LEASE_SECONDS = _positive_int("XAGENT_RUNNER_LEASE_SECONDS", 60)
+# Faster than the lease (runtime/presence.py): every process that runs slices refreshes a
+# presence row this often; a lease holder not seen for the timeout (or, on this host, whose
+# process is gone) has its lease expired by the next recovery sweep, run this often (beat in
+# production, a timer thread in embedded mode). Worst case for a crashed turn to resume on
+# another host: timeout + sweep interval; on the same host, the next sweep.
+XAGENT_PRESENCE_BEAT_SECONDS = _positive_int("XAGENT_PRESENCE_BEAT_SECONDS", 3)
+XAGENT_PRESENCE_TIMEOUT_SECONDS = _positive_int("XAGENT_PRESENCE_TIMEOUT_SECONDS", 10)
+if XAGENT_PRESENCE_TIMEOUT_SECONDS < 2 * XAGENT_PRESENCE_BEAT_SECONDS:
+    raise ImproperlyConfigured(
+        "Invalid value for environment variable XAGENT_PRESENCE_TIMEOUT_SECONDS: must be at least "
+        "twice XAGENT_PRESENCE_BEAT_SECONDS (one late beat must not declare a live worker gone)"
+    )
 # What a person may put in a workspace through the files API (413/400 beyond; the model's own
 # file tools have their per-file limits in tools_app.workspace).
 XAGENT_UPLOAD_MAX_BYTES = _positive_int("XAGENT_UPLOAD_MAX_BYTES", 25 * 1024 * 1024)

@@ -8,7 +8,17 @@ from tenancy_app.admin import ReadOnlyTenantScopedAdmin, TenantScopedAdmin
 from tenancy_app.crypto import encrypt
 from tools_app.net import OutboundRefused, check_url
 
-from .models import Checkpoint, Delivery, Input, Message, ModelCall, ModelConfig, Session, SessionEvent
+from .models import (
+    Checkpoint,
+    Delivery,
+    Input,
+    Message,
+    ModelCall,
+    ModelConfig,
+    Session,
+    SessionEvent,
+    WorkerPresence,
+)
 from .runtime.llm.tokens import context_budget
 
 # The least room a model configuration must leave for a request (the context budget).
@@ -184,3 +194,27 @@ class CheckpointAdmin(ReadOnlyTenantScopedAdmin):
     ]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "status", "method"]
     search_fields = ["reason"]
+
+
+@admin.register(WorkerPresence)
+class WorkerPresenceAdmin(admin.ModelAdmin):
+    """Which processes run slices and when each was last seen: infrastructure, so operators
+    (superusers) only, and read-only — the processes themselves keep these rows."""
+
+    list_display = ["holder", "host", "pid", "started_at", "seen_at"]
+    search_fields = ["holder", "host"]
+
+    def has_module_permission(self, request):
+        return request.user.is_active and request.user.is_superuser
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -91,6 +91,9 @@ class Session(TenantOwnedModel):
     # Single runner (ARCHITECTURE §3): who holds the lease, until when, and whether work arrived meanwhile.
     runner_token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The process that claimed the lease ("host:pid:nonce", see runtime/presence.py), so a sweep
+    # can tell a lost runner from a slow one without waiting for the lease to lapse.
+    runner_holder = models.CharField(max_length=200, blank=True, default="")
     wake_requested = models.BooleanField(default=False)
     last_event_seq = models.PositiveBigIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
@@ -131,7 +134,14 @@ class Input(TenantOwnedModel):
                 fields=["session", "idempotency_key"], name="unique_input_idempotency_key"
             )
         ]
-        indexes = [models.Index(fields=["session", "status", "id"])]
+        indexes = [
+            models.Index(fields=["session", "status", "id"]),
+            # The recovery sweep's "which Sessions have queued work" stays a small index scan
+            # however many consumed inputs accumulate.
+            models.Index(
+                fields=["session"], condition=models.Q(status=InputStatus.QUEUED), name="input_queued_idx"
+            ),
+        ]
 
 
 class Turn(TenantOwnedModel):
@@ -262,6 +272,27 @@ class PlanTask(TenantOwnedModel):
     class Meta:
         ordering = ["position"]
         constraints = [models.UniqueConstraint(fields=["plan", "task_id"], name="unique_plan_task_id")]
+
+
+class WorkerPresence(models.Model):
+    """A process that runs runner slices, kept fresh by its presence thread (runtime/presence.py).
+
+    Infrastructure, not tenant data: a Session's `runner_holder` names one of these, and a holder
+    whose row is missing or stale (or whose process is gone on this host) has lost its leases.
+    """
+
+    holder = models.CharField(max_length=200, unique=True)
+    host = models.CharField(max_length=150)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    seen_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["host", "pid"]
+        verbose_name_plural = "worker presence"
+
+    def __str__(self) -> str:
+        return self.holder
 
 
 class RunnerSlice(TenantOwnedModel):

@@ -25,6 +25,13 @@ class Tenant(models.Model):
     # policies: tenancy_app.versioning). A running slice caches that configuration and checks this
     # number in each step's fenced commit, so a change applies from the next model request.
     config_version = models.PositiveBigIntegerField(default=1, editable=False)
+    # After a runner is lost (worker killed, restart), does the turn it was running go on by
+    # itself? Off: that turn ends `interrupted` and waits for the next message (ARCHITECTURE §6).
+    auto_resume_after_recovery = models.BooleanField(
+        default=True,
+        help_text="When a worker is lost mid-turn, continue the turn automatically after recovery. "
+        "Off: the turn is closed as interrupted; queued messages are kept and start the next turn.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -40,6 +40,14 @@ def fast_password_hashing(settings):
 
 
 @pytest.fixture(autouse=True)
+def no_presence_thread(settings):
+    """Slices driven inside the test process must not start the presence thread: it would write
+    rows outside each test's transaction. Tests of presence write the rows themselves
+    (`presence.beat()`); real worker processes keep the default."""
+    settings.XAGENT_PRESENCE_BEAT_SECONDS = 0
+
+
+@pytest.fixture(autouse=True)
 def fresh_rate_limits():
     """Rate-limit counters are keyed by row ids, which repeat across rolled-back tests: start
     each test with none (process-local cache only; Redis-mode ids do not repeat)."""

@@ -674,6 +674,22 @@ class AgentService:
             return self._run_calls(approval.assistant_message_id, remaining)
         return StepResult()
 
+    def run_pending_calls(self) -> bool:
+        """Run the calls of the turn's last response that have no result yet — only recovery
+        leaves such calls (a read-only or idempotent call its lost runner had dispatched, and
+        what came after it) — through ToolService exactly like a step's calls, approvals
+        included. False (and no query) when there are none."""
+        context = self.context
+        if not engine.has_unanswered_calls(context.history.messages):
+            return False
+        found = engine.unanswered_calls(context.turn_id)
+        if found is None:
+            return False
+        assistant_message_id, calls = found
+        self._watch()
+        self._run_calls(assistant_message_id, calls)
+        return True
+
     def _commit_result(self, call_id, tool, content, *, ok, summary, source=None) -> None:
         context = self.context
         message = engine.commit_tool_result(

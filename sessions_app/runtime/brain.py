@@ -11,7 +11,7 @@ itself so long turns share workers fairly. A second runner never waits or fails:
 from __future__ import annotations
 
 import logging
-import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,9 +22,9 @@ from django.utils import timezone
 
 from approvals_app import actions as approval_actions
 
-from ..choices import InputKind, SessionStatus, TurnReason
-from ..models import RunnerSlice, Session
-from . import approvals, engine
+from ..choices import InputKind, InputStatus, SessionStatus, TurnReason
+from ..models import Input, RunnerSlice, Session
+from . import approvals, engine, presence
 from .agent import AgentService
 
 logger = logging.getLogger(__name__)
@@ -119,6 +119,7 @@ def claim(session_id) -> tuple[uuid.UUID | None, bool]:
     now = timezone.now()
     fields = {
         "runner_token": token,
+        "runner_holder": presence.holder_id(),
         "lease_expires_at": now + engine.lease_duration(),
         "wake_requested": False,
     }
@@ -151,7 +152,7 @@ def release(session_id, token, *, keep_if_work: bool = True) -> bool:
             if engine.has_pending_work(session):
                 return True
         Session.objects.filter(pk=session_id).update(
-            runner_token=None, lease_expires_at=None, wake_requested=False
+            runner_token=None, runner_holder="", lease_expires_at=None, wake_requested=False
         )
         return False
 
@@ -171,6 +172,7 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
     tenant_id = Session.objects.filter(pk=session_id).values_list("tenant_id", flat=True).first()
     if tenant_id is None:
         return "gone"
+    presence.ensure_started()  # this process now holds leases: others must be able to see it alive
     token, took_over = claim(session_id)
     if token is None:
         return "busy"
@@ -178,7 +180,7 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
         tenant_id=tenant_id,
         session_id=session_id,
         token=token,
-        worker=socket.gethostname(),
+        worker=presence.holder_id(),
         started_at=timezone.now(),
     )
     agent = AgentService(session_id, token, heartbeat=lambda: heartbeat(session_id, token))
@@ -187,12 +189,14 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
     deadline = time.monotonic() + max_seconds
     try:
         if took_over:
-            # Only a lost runner (a crash, a killed worker) leaves calls open: close them, and
-            # its audit row, which it never could.
+            # Only a lost runner (a crash, a killed worker) leaves calls open: settle what it
+            # left (ARCHITECTURE §6), and close its audit row, which it never could.
             RunnerSlice.objects.filter(session_id=session_id, ended_at__isnull=True).exclude(
                 token=token
             ).update(ended_at=timezone.now(), outcome="lost")
-            engine.close_dangling_calls(session_id, token)
+            recovery = engine.recover_lost_runner(session_id, token, rerun_kind=_rerun_kind(tenant_id))
+            if recovery.found:
+                logger.info("session %s recovered after a lost runner: %s", session_id, recovery.as_event())
         while True:
             if steps >= max_steps or time.monotonic() >= deadline:
                 agent.pause()
@@ -248,9 +252,13 @@ def _advance(agent: AgentService) -> Progress:
             agent.resume(approval)
             agent.invalidate()
             return Progress(steps=1, consumed=consumed)
-        if boundary.status not in engine.RUNNING_STATUSES:
+        if boundary.status not in engine.ACTIVE_STATUSES:
             return Progress()  # parked: new messages wait until the turn ends
         agent.prepare(boundary.turn_id)
+        if agent.run_pending_calls():
+            # Calls recovery left to run again went first; look at the queue before the next step.
+            agent.invalidate()
+            return Progress(steps=1, consumed=boundary.consumed)
         try:
             return Progress(steps=_step(agent), consumed=boundary.consumed)
         except engine.StaleSlice:
@@ -287,17 +295,113 @@ def _fail_open_turn(session_id, token, exc: Exception) -> None:
         logger.exception("could not close the turn of session %s after a crash", session_id)
 
 
+def _rerun_kind(tenant_id: int):
+    """Why a tool may run again after its runner was lost: "read-only", "idempotent" or ""
+    (the tenant's view of the tool: an admin may have re-flagged it)."""
+    from tools_app.catalog import resolve_one
+
+    def kind(name: str) -> str:
+        tool = resolve_one(tenant_id, name)
+        if tool is None:
+            return ""
+        return "read-only" if tool.read_only else "idempotent" if tool.idempotent else ""
+
+    return kind
+
+
+# --- recovery sweeps ---------------------------------------------------------------------------------
+
+
+def expire_lease(session_id, token, holder: str) -> bool:
+    """End the lease `holder` holds with `token` now, if it still does (compare-and-set: a lease
+    that changed hands meanwhile is left alone). The token stays, so the next claim is a
+    takeover and settles what the lost runner left; if the holder was alive after all, its next
+    fenced commit finds the new token and stops (LeaseLost)."""
+    return bool(
+        Session.objects.filter(pk=session_id, runner_token=token, runner_holder=holder).update(
+            lease_expires_at=timezone.now()
+        )
+    )
+
+
 def recover_stale_sessions() -> int:
-    """Wake Sessions that have queued work but no live runner (after a restart or lost task)."""
+    """The recovery sweep (worker start, beat every few seconds, the embedded timer). Returns how
+    many Sessions it woke.
+
+    1. Leases whose holder is gone (runtime/presence.py) are expired at once, with a
+       compare-and-set on (token, holder) so a lease that changed hands meanwhile is left alone;
+       the next claim takes over (`took_over`) and `recover_lost_runner` settles what was left.
+    2. Sessions with work and no live runner are woken: an open turn at work, or an input the
+       runner would take (`has_pending_work`, as a query). Idle Sessions are never woken.
+    Three small queries when nothing is wrong.
+    """
     now = timezone.now()
+    expired = set()
+    leased = list(
+        Session.objects.filter(runner_token__isnull=False, lease_expires_at__gte=now)
+        .exclude(runner_holder="")
+        .values_list("pk", "runner_token", "runner_holder")
+    )
+    gone = presence.gone_holders({holder for _, _, holder in leased})
+    for session_id, token, holder in leased:
+        if holder in gone and expire_lease(session_id, token, holder):
+            logger.warning("session %s: lease holder %s is gone; taking over", session_id, holder)
+            expired.add(session_id)
+
+    def queued(*kinds):
+        return Input.objects.filter(status=InputStatus.QUEUED, kind__in=kinds).values("session_id")
+
     stale = (
         Session.objects.filter(archived_at__isnull=True)
         .filter(Q(runner_token__isnull=True) | Q(lease_expires_at__lt=now))
-        .filter(Q(inputs__status="queued") | Q(status__in=engine.RUNNING_STATUSES))
-        .distinct()
+        .filter(
+            Q(status__in=[SessionStatus.RUNNING, SessionStatus.PREPARING])
+            # Compressing is work only for a takeover (a lapsed lease) or when no turn is open
+            # (it then fails): woken otherwise, a runner would find nothing to do, every sweep.
+            | Q(status=SessionStatus.COMPRESSING)
+            & (Q(current_turn__isnull=True) | Q(runner_token__isnull=False))
+            | Q(
+                current_turn__isnull=True,
+                pk__in=queued(InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.INTERRUPT),
+            )
+            | Q(
+                current_turn__isnull=False,
+                pk__in=queued(InputKind.INTERRUPT, InputKind.APPROVAL_DECISION),
+            )
+        )
     )
-    count = 0
-    for session_id in stale.values_list("pk", flat=True):
+    woken = expired | set(stale.values_list("pk", flat=True))
+    for session_id in woken:
         wake(session_id)
-        count += 1
-    return count
+    return len(woken)
+
+
+_timer_lock = threading.Lock()
+_timer: threading.Thread | None = None
+
+
+def start_recovery_timer() -> threading.Thread:
+    """Run the recovery sweep every XAGENT_RECOVERY_SWEEP_SECONDS in this process (once per
+    process): embedded mode has no beat, and a restarted embedded stack must take over the turns
+    its previous process was running."""
+    global _timer
+    with _timer_lock:
+        if _timer is not None and _timer.is_alive():
+            return _timer
+        _timer = threading.Thread(target=_sweep_forever, name="xagent-recovery-sweep", daemon=True)
+        _timer.start()
+        return _timer
+
+
+def _sweep_forever() -> None:
+    from django.conf import settings
+    from django.db import close_old_connections
+
+    interval = settings.XAGENT_RECOVERY_SWEEP_SECONDS
+    while True:
+        try:
+            close_old_connections()
+            recover_stale_sessions()
+        except Exception:
+            logger.warning("recovery sweep failed", exc_info=True)
+        time.sleep(interval)

@@ -503,6 +503,38 @@
     addExtra(note, turn);
   }
 
+  /** `session.recovered`: a runner was lost (a worker stopped) and another took the Session over.
+   * Says what it found and kept, which calls were closed and why, and what runs next. */
+  function sessionRecovered(data, turn) {
+    const list = (value) => (Array.isArray(value) ? value : []);
+    const restored = list(data.restored);
+    const interrupted = list(data.interrupted_calls);
+    const rerun = list(data.rerun_calls);
+    const lostAnswers = list(data.interrupted_model_calls).length;
+    const lines = [el("p", { className: "recovered-lead", text: "Recovered: the worker running this Session stopped, and another took over." })];
+    if (restored.length) lines.push(el("p", { text: `Restored: ${restored.map(String).join("; ")}.` }));
+    if (lostAnswers) {
+      lines.push(el("p", { text: `${lostAnswers} model answer${lostAnswers === 1 ? " was" : "s were"} cut off and not kept.` }));
+    }
+    if (rerun.length) {
+      lines.push(el("p", { text: `Run again (safe to repeat): ${rerun.map((call) => `${call.tool} (${call.call_id})`).join(", ")}.` }));
+    }
+    if (interrupted.length) {
+      lines.push(
+        el("p", { text: "Not run again (they may or may not have taken effect):" }),
+        el("ul", {}, interrupted.map((call) => el("li", { text: `${call.tool} (${call.call_id}): ${call.reason}` })))
+      );
+    }
+    if (data.next) lines.push(el("p", { className: "recovered-next", text: `Next: ${data.next}.` }));
+    const card = el(
+      "li",
+      { className: "turn-note", dataset: { testid: "session-recovered", reason: "recovered" }, attrs: { role: "status" } },
+      el("span", { className: "turn-note-icon", attrs: { "aria-hidden": "true" }, text: "↻" }),
+      el("div", { className: "turn-note-lines" }, lines)
+    );
+    addExtra(card, turn === undefined ? state.lastMessageTurn : turn);
+  }
+
   function excerpt(text, limit) {
     const oneLine = String(text || "").trim();
     return oneLine.length > limit ? `${oneLine.slice(0, limit - 1).trimEnd()}…` : oneLine;
@@ -1166,6 +1198,8 @@
         return d.plan ? d.plan.title : "";
       case "error":
         return `${d.code}: ${d.message}`;
+      case "session.recovered":
+        return d.next ? `next: ${d.next}` : "";
       default:
         return "";
     }
@@ -1219,7 +1253,11 @@
         compactionNote(eventTurn(data, live), data);
         break;
       case "model.ended":
-        if (data.error) turnFailed(eventTurn(data, live), "error", "The model call failed", String(data.error));
+        // A call cut off by a lost runner is not a failure of the turn: the recovery card says what happened.
+        if (data.error && data.finish_reason !== "interrupted") turnFailed(eventTurn(data, live), "error", "The model call failed", String(data.error));
+        break;
+      case "session.recovered":
+        sessionRecovered(data, eventTurn(data, live));
         break;
       case "turn.ended":
         if (FAILED_TURN_REASONS[data.reason]) {

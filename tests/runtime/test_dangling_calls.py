@@ -22,7 +22,11 @@ def test_a_call_left_without_a_result_is_closed_interrupted_and_not_rerun(
     turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
     calls = [
         {"id": "c1", "name": "fs_write", "arguments": json.dumps({"path": "a.txt", "content": "a"})},
-        {"id": "c2", "name": "fs_write", "arguments": json.dumps({"path": "b.txt", "content": "b"})},
+        {
+            "id": "c2",
+            "name": "fs_edit",  # not idempotent: never run again after a lost runner
+            "arguments": json.dumps({"path": "a.txt", "old_text": "a", "new_text": "b"}),
+        },
     ]
     commit_calls(session, token, turn, calls)
     engine.commit_tool_result(
@@ -34,9 +38,10 @@ def test_a_call_left_without_a_result_is_closed_interrupted_and_not_rerun(
         ok=True,
         summary="ok",
     )
+    (engine.workspace_path(session) / "a.txt").write_text("a")
     # The worker dies here: c2 has no result, and its lease lapses (never released).
     Session.objects.filter(pk=session.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    model_server.script("agent", text_reply("b.txt may not exist; I will not assume it does."))
+    model_server.script("agent", text_reply("The edit may not have happened; I will check first."))
 
     drive_until_idle(session)
 
@@ -44,7 +49,7 @@ def test_a_call_left_without_a_result_is_closed_interrupted_and_not_rerun(
     assert_tool_pairs(session)
     closed = Message.objects.get(session=session, role="tool", tool_call_id="c2")
     assert closed.is_error and closed.content.startswith("Interrupted:")
-    assert not (engine.workspace_path(session) / "b.txt").exists()  # never run again
+    assert (engine.workspace_path(session) / "a.txt").read_text() == "a"  # never run again
     request = model_server.requests_for("agent")[-1]
     assert [(m["role"], m.get("tool_call_id")) for m in request.messages[-3:]] == [
         ("assistant", None),
@@ -53,7 +58,7 @@ def test_a_call_left_without_a_result_is_closed_interrupted_and_not_rerun(
     ]
     recovered = SessionEvent.objects.get(session=session, type="session.recovered")
     assert recovered.data["interrupted_calls"] == [
-        {"call_id": "c2", "tool": "fs_write", "reason": "runner lost before its result"}
+        {"call_id": "c2", "tool": "fs_edit", "reason": "runner lost before its result"}
     ]
 
 
@@ -66,8 +71,11 @@ def test_a_turn_parked_on_an_approval_keeps_its_waiting_call(tenant_a, owner_a):
     with engine.locked_session(session.pk, token) as locked:
         engine.set_status(locked, "waiting_approval")
 
-    assert engine.close_dangling_calls(session.pk, token) == []
+    recovery = engine.recover_lost_runner(session.pk, token, rerun_kind=lambda name: "idempotent")
+    assert recovery.interrupted_calls == [] and recovery.rerun_calls == []
+    assert recovery.next == "the turn stays waiting for approval"  # no approval row in this set-up
     assert not Message.objects.filter(session=session, role="tool").exists()
+    assert Session.objects.get(pk=session.pk).status == "waiting_approval"
 
 
 def test_a_model_call_in_flight_when_the_runner_was_lost_is_ended_and_asked_again(

@@ -460,6 +460,10 @@ def test_native_tools_declare_valid_strict_schemas_and_their_risk():
         assert risks[name][:2] == (Risk.WRITE, False)
     assert risks["tools_find"] == (Risk.READ, True, True)
     assert risks["shell_exec"][:2] == (Risk.EXTERNAL, False)
+    # What recovery may run again after a lost runner (idempotent), and what it never does.
+    assert risks["fs_write"][2] is True  # the whole content: writing it twice is writing it once
+    for name in ("fs_edit", "fs_delete_files", "shell_exec", "plan_create", "plan_update", "task_complete"):
+        assert risks[name][2] is False, name
 
 
 def test_default_tools_leave_out_the_destructive_delete():

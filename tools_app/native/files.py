@@ -239,7 +239,8 @@ class FsWrite(Tool):
     }
     risk = Risk.WRITE
     read_only = False
-    idempotent = False
+    # The whole content is given: writing it again leaves the same file (recovery may re-run it).
+    idempotent = True
 
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:
         user_path, content = args["path"], args["content"]

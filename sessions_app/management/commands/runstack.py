@@ -14,6 +14,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from config.embedded import start_embedded_worker
+from sessions_app.runtime import brain, presence
 
 
 class Command(BaseCommand):
@@ -26,6 +27,10 @@ class Command(BaseCommand):
     def handle(self, host, port, **options):
         if settings.EMBEDDED:
             start_embedded_worker()
+            # No beat in embedded mode: this process sweeps for lost runners itself (and its
+            # presence row says it is alive while it runs slices).
+            presence.ensure_started()
+            brain.start_recovery_timer()
             mode = "embedded: SQLite/in-process worker/in-memory channel layer"
         else:
             mode = "web only: run workers with `celery -A config worker` and `celery -A config beat`"

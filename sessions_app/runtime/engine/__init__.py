@@ -8,7 +8,8 @@ One facade over a small package, split by fact:
 - `history`: messages, their wire form, the slice's request history, tool results;
 - `plan`: facts tools change (plan, file changes) and a person's file changes;
 - `context`: the system prompt, the assembled request and the model-call record;
-- `compaction`: context compression (checkpoints; the summary itself is SummaryService's).
+- `compaction`: context compression (checkpoints; the summary itself is SummaryService's);
+- `recovery`: what a runner that took over from a lost one normalises first.
 """
 
 from .compaction import (
@@ -38,14 +39,16 @@ from .history import (
     INTERRUPTED_CALL_TEXT,
     RequestHistory,
     append_message,
-    close_dangling_calls,
     commit_tool_result,
+    has_unanswered_calls,
     record_tool_result,
     stored_calls,
+    unanswered_calls,
     wire_message,
     without_nul,
 )
 from .plan import file_changed, plan_create, plan_update, record_person_file_change
+from .recovery import Recovery, recover_lost_runner
 from .sessions import (
     InvalidInput,
     add_selected_capabilities,
@@ -61,12 +64,13 @@ from .sessions import (
     workspace_path,
 )
 from .turns import (
-    RUNNING_STATUSES,
+    ACTIVE_STATUSES,
     STATUS_AFTER_TURN,
     TURN_STARTING_KINDS,
     Boundary,
     TurnProgress,
     end_turn,
+    fail_without_turn,
     finish_turn,
     input_text,
     save_progress,
@@ -76,10 +80,10 @@ from .turns import (
 )
 
 __all__ = [
+    "ACTIVE_STATUSES",
     "BASE_SYSTEM_PROMPT",
     "GUIDANCE_FRAME",
     "INTERRUPTED_CALL_TEXT",
-    "RUNNING_STATUSES",
     "STATUS_AFTER_TURN",
     "TURN_STARTING_KINDS",
     "AssembledRequest",
@@ -88,6 +92,7 @@ __all__ = [
     "CallOutcome",
     "InvalidInput",
     "LeaseLost",
+    "Recovery",
     "RequestHistory",
     "RunnerWriter",
     "StaleSlice",
@@ -98,7 +103,6 @@ __all__ = [
     "archive_session",
     "begin_compaction",
     "begin_model_call",
-    "close_dangling_calls",
     "commit_compaction",
     "commit_tool_result",
     "continuity_text",
@@ -106,6 +110,8 @@ __all__ = [
     "create_session",
     "end_model_call",
     "end_turn",
+    "fail_without_turn",
+    "has_unanswered_calls",
     "enqueue_input",
     "fall_back_to_trim",
     "file_changed",
@@ -122,6 +128,7 @@ __all__ = [
     "record_person_file_change",
     "record_summary",
     "record_tool_result",
+    "recover_lost_runner",
     "save_progress",
     "session_capabilities",
     "set_status",
@@ -131,6 +138,7 @@ __all__ = [
     "stored_calls",
     "system_prompt",
     "take_boundary",
+    "unanswered_calls",
     "update_session",
     "wire_message",
     "without_nul",

@@ -217,6 +217,7 @@ def _settle(session: Session, reason: str) -> str | None:
     if pending is None:
         if session.status == SessionStatus.COMPRESSING:
             set_status(session, SessionStatus.RUNNING)
+            return "the compaction in progress was stopped; it is redone when the budget needs it"
         return None
     if pending.validated:
         _commit(session, pending)

@@ -13,14 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 
-from django.utils import timezone
-
-from ...choices import InputKind, Role, SessionStatus
-from ...models import Message, ModelCall, Session
+from ...choices import InputKind, Role
+from ...models import Message, Session
 from ..events import emit
 from ..llm.base import EncodedMessages
 from ..llm.tokens import estimate_message_tokens
-from .fencing import RunnerWriter, locked_session
+from .fencing import RunnerWriter
 
 # Guidance is stored as the person wrote it; the request frames it.
 GUIDANCE_FRAME = "[Guidance from the user while you work — take it into account from this step on]\n"
@@ -256,67 +254,23 @@ INTERRUPTED_CALL_TEXT = (
 )
 
 
-def close_dangling_calls(session_id, token) -> list[dict]:
-    """After a runner was lost (a crash, a killed worker): close what it left open so the turn
-    can go on and nothing runs twice.
-
-    - a model call with no end is ended `interrupted` (`model.ended` with the reason): its
-      answer was never committed, the next step asks again;
-    - every tool call of the open turn's last response without a result gets an `interrupted`
-      one, so the next request is valid (each call answered) and the call is not run again;
-    - a pending compaction is promoted if its summary was validated, else discarded.
-    A turn parked on an approval is left alone: its calls wait for a person. Announced as
-    `session.recovered` (the model calls closed listed as an extension). Returns the tool calls
-    closed."""
-    from .compaction import settle_pending_compaction
-
-    with locked_session(session_id, token) as session:
-        turn_id = session.current_turn_id
-        model_calls = _close_open_model_calls(session)
-        settled = settle_pending_compaction(session)
-        closed = []
-        if turn_id is not None and session.status in (SessionStatus.RUNNING, SessionStatus.PREPARING):
-            closed = _answer_dangling_tool_calls(session, turn_id)
-        if closed or model_calls or settled:
-            emit(
-                session,
-                "session.recovered",
-                {
-                    "restored": [settled] if settled else [],
-                    "interrupted_calls": closed,
-                    "interrupted_model_calls": model_calls,
-                    "next": "the turn continues with the next step" if turn_id else "nothing was running",
-                },
-            )
-        return closed
+def has_unanswered_calls(messages) -> bool:
+    """Does the request history end with a response whose tool calls are not all answered? Read
+    from the slice's in-memory wire messages, so the check costs no query (it runs at every
+    step boundary; only recovery leaves calls unanswered in a running turn)."""
+    answered = set()
+    for wire in reversed(messages):
+        if wire.get("role") == "tool":
+            answered.add(wire.get("tool_call_id"))
+            continue
+        calls = wire.get("tool_calls") if wire.get("role") == "assistant" else None
+        return bool(calls) and any(call["id"] not in answered for call in calls)
+    return False
 
 
-RUNNER_LOST = "the runner was lost during the call (worker stopped); the step is asked again"
-
-
-def _close_open_model_calls(session: Session) -> list[int]:
-    open_calls = list(
-        ModelCall.objects.filter(session_id=session.pk, ended_at__isnull=True).values_list("pk", flat=True)
-    )
-    if open_calls:
-        ModelCall.objects.filter(pk__in=open_calls).update(
-            finish_reason="interrupted", error=RUNNER_LOST, ended_at=timezone.now()
-        )
-    for call_id in open_calls:
-        emit(
-            session,
-            "model.ended",
-            {
-                "model_call_id": call_id,
-                "finish_reason": "interrupted",
-                "usage": {"prompt_tokens": 0, "completion_tokens": 0},
-                "error": RUNNER_LOST,
-            },
-        )
-    return open_calls
-
-
-def _answer_dangling_tool_calls(session: Session, turn_id: int) -> list[dict]:
+def unanswered_calls(turn_id: int) -> tuple[int, list[dict]] | None:
+    """(assistant message id, its calls without a result, in model order) for the turn's last
+    response with tool calls, or None when every call has its result."""
     last_call = (
         Message.objects.filter(turn_id=turn_id, role=Role.ASSISTANT)
         .exclude(tool_calls=[])
@@ -325,26 +279,11 @@ def _answer_dangling_tool_calls(session: Session, turn_id: int) -> list[dict]:
         .first()
     )
     if last_call is None:
-        return []
+        return None
     answered = set(
         Message.objects.filter(turn_id=turn_id, role=Role.TOOL, id__gt=last_call.pk).values_list(
             "tool_call_id", flat=True
         )
     )
-    closed = []
-    for call in last_call.tool_calls:
-        if call.get("id") in answered:
-            continue
-        record_tool_result(
-            session,
-            turn_id,
-            call_id=call["id"],
-            tool=call["name"],
-            content=INTERRUPTED_CALL_TEXT,
-            ok=False,
-            summary="interrupted",
-        )
-        closed.append(
-            {"call_id": call["id"], "tool": call["name"], "reason": "runner lost before its result"}
-        )
-    return closed
+    pending = [call for call in last_call.tool_calls if call.get("id") not in answered]
+    return (last_call.pk, pending) if pending else None

@@ -12,14 +12,14 @@ from ...models import Delivery, Input, Session, Turn
 from .. import deliveries
 from ..events import emit
 from .fencing import RunnerWriter, locked_session
-from .history import append_message
+from .history import append_message, record_tool_result, unanswered_calls
 from .sessions import consume_inputs, queued_inputs, workspace_dir
 
 # Inputs that start a turn when none is open (other kinds wait for their owner).
 TURN_STARTING_KINDS = (InputKind.MESSAGE, InputKind.GUIDANCE)
 
-# A turn in one of these steps on (guidance joins it at a boundary); others are parked.
-RUNNING_STATUSES = (SessionStatus.RUNNING, SessionStatus.PREPARING, SessionStatus.COMPRESSING)
+# Statuses of a turn at work: a Session in one of them with no open turn was left by a lost runner.
+ACTIVE_STATUSES = (SessionStatus.RUNNING, SessionStatus.PREPARING, SessionStatus.COMPRESSING)
 
 # How a turn's end reason shows in the Session status users see.
 STATUS_AFTER_TURN = {
@@ -42,6 +42,16 @@ def set_status(session: Session, status: str, reason: str = "") -> None:
         status=status, status_reason=session.status_reason, updated_at=timezone.now()
     )
     emit(session, "session.status", {"status": status, **({"reason": reason} if reason else {})})
+
+
+def fail_without_turn(session: Session) -> str:
+    """A status that says a turn is at work with no turn open (only a lost runner leaves that):
+    nothing can be resumed, so the Session is `failed`, with the reason and an `error` event.
+    Caller holds the lock. Returns the reason."""
+    reason = f"recovery failed: the status was {session.status} but no turn was open to resume"
+    set_status(session, SessionStatus.FAILED, reason)
+    emit(session, "error", {"code": "recovery_failed", "message": reason})
+    return reason
 
 
 def start_turn(session_id, token, input: Input) -> Turn:
@@ -189,16 +199,34 @@ def take_boundary(session_id, token, on_parked=None) -> Boundary:
             ):
                 on_parked(session)
             if turn is not None and turn.ended_at is None:
+                _answer_unanswered(session, turn.pk, "Not run: the user interrupted the turn.")
                 end_turn(session, turn, TurnReason.ABORTED, "interrupted by the user")
             return Boundary(consumed=len(interrupts), interrupted=True)
+        if session.current_turn_id is None and session.status in ACTIVE_STATUSES:
+            fail_without_turn(session)
         boundary = Boundary(turn_id=session.current_turn_id, status=session.status)
         if session.current_turn_id is None:
             boundary.next_input = next((i for i in queued if i.kind in TURN_STARTING_KINDS), None)
-        elif session.status in RUNNING_STATUSES:
+        elif session.status in ACTIVE_STATUSES:
             guidance = [i for i in queued if i.kind == InputKind.GUIDANCE]
+            # Guidance waits while calls left by recovery are still to run: a user message must
+            # not come between a response's tool calls and their results.
+            if guidance and unanswered_calls(session.current_turn_id) is not None:
+                guidance = []
             if guidance:
                 consume_inputs(guidance, Turn(pk=session.current_turn_id))
                 for item in guidance:
                     append_message(session, session.current_turn_id, Role.USER, input_text(item), input=item)
             boundary.consumed = len(guidance)
         return boundary
+
+
+def _answer_unanswered(session: Session, turn_id: int, text: str) -> None:
+    """Give every call still unanswered in the turn's last response a result (`text`), so the
+    history stays valid for later requests. Only calls recovery left to run can be unanswered
+    here (a running step answers its own calls, even when interrupted)."""
+    found = unanswered_calls(turn_id)
+    for call in found[1] if found else ():
+        record_tool_result(
+            session, turn_id, call_id=call["id"], tool=call["name"], content=text, ok=False, summary="not run"
+        )
