@@ -6,9 +6,10 @@ Tasks have explicit names and take ids only (STYLE §7).
 """
 
 import os
+import sys
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -40,3 +41,19 @@ def _recover_on_start(sender, **kwargs):
 
     sender.app.send_task("sessions.recover")
     sender.app.send_task("sessions.recover", countdown=settings.XAGENT_RUNNER_LEASE_SECONDS + 1)
+
+
+@worker_shutting_down.connect
+def _hand_over_on_shutdown(sender, **kwargs):
+    """A deploy's SIGTERM (warm) or SIGQUIT (cold, after worker_soft_shutdown_timeout): slices
+    running in this process stop at their next step boundary and re-enqueue their Sessions, so
+    another worker goes on at once and nothing waits for a lease to lapse.
+
+    Sent in the worker's main process: it reaches slices of the threads and solo pools; prefork
+    children finish their (bounded) slice and hand over as they always do.
+    """
+    # Runs inside the signal handler: no imports here. A process that never loaded brain never
+    # ran a slice, so there is nothing to hand over.
+    brain = sys.modules.get("sessions_app.runtime.brain")
+    if brain is not None:
+        brain.hand_over_slices()

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -31,6 +34,11 @@ logger = logging.getLogger(__name__)
 
 SLICE_MAX_STEPS = 8
 SLICE_MAX_SECONDS = 30.0
+
+# Set once this process is going away (a worker's warm or cold shutdown, runstack stopping): a
+# slice in flight stops at its next step boundary and hands its Session on, as when its budget
+# is spent, instead of holding work a dying worker can no longer finish.
+_handing_over = threading.Event()
 
 
 # --- inputs --------------------------------------------------------------------------------------
@@ -194,7 +202,7 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
             ).update(ended_at=timezone.now(), outcome="lost")
             engine.close_dangling_calls(session_id, token)
         while True:
-            if steps >= max_steps or time.monotonic() >= deadline:
+            if steps >= max_steps or time.monotonic() >= deadline or _handing_over.is_set():
                 agent.pause()
                 release(session_id, token, keep_if_work=False)
                 outcome = "yielded"
@@ -267,19 +275,30 @@ def _step(agent: AgentService) -> int:
     return 1
 
 
+def hand_over_slices() -> None:
+    """This process is shutting down: every slice running in it yields at its next step boundary
+    (releases the lease and re-enqueues its Session for another worker)."""
+    _handing_over.set()
+
+
+def _failure_reason(exc: Exception) -> str:
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return (
+            f"the slice exceeded its time limit ({settings.XAGENT_SLICE_SOFT_TIME_LIMIT} s, "
+            "XAGENT_SLICE_SOFT_TIME_LIMIT); the turn was stopped"
+        )
+    return f"internal error: {exc.__class__.__name__}"
+
+
 def _fail_open_turn(session_id, token, exc: Exception) -> None:
     """A crash inside the slice: close the turn `error` so the Session never looks busy forever."""
+    reason = _failure_reason(exc)
     try:
         with engine.locked_session(session_id, token) as session:
             if session.current_turn is not None:
-                engine.end_turn(
-                    session,
-                    session.current_turn,
-                    TurnReason.ERROR,
-                    f"internal error: {exc.__class__.__name__}",
-                )
+                engine.end_turn(session, session.current_turn, TurnReason.ERROR, reason)
             else:
-                engine.set_status(session, SessionStatus.FAILED, f"internal error: {exc.__class__.__name__}")
+                engine.set_status(session, SessionStatus.FAILED, reason)
         release(session_id, token, keep_if_work=False)
     except engine.LeaseLost:
         pass
