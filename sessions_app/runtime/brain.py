@@ -201,6 +201,7 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
                 token=token
             ).update(ended_at=timezone.now(), outcome="lost")
             engine.close_dangling_calls(session_id, token)
+            stop_poisoned_turn(session_id, token)
         while True:
             if steps >= max_steps or time.monotonic() >= deadline or _handing_over.is_set():
                 agent.pause()
@@ -279,6 +280,39 @@ def hand_over_slices() -> None:
     """This process is shutting down: every slice running in it yields at its next step boundary
     (releases the lease and re-enqueues its Session for another worker)."""
     _handing_over.set()
+
+
+def stop_poisoned_turn(session_id, token) -> bool:
+    """Called by a runner that took over from lost ones (their audit rows just marked `lost`).
+
+    When the open turn's runner was lost XAGENT_POISON_SLICE_ATTEMPTS times in a row — no slice
+    ended normally in between — the same point of the turn kills every worker that runs it (an
+    OOM, a segfault, the hard time limit): end the turn `error` and the Session `failed` with the
+    reason and an `error` event, rather than hand it to the next worker. Queued inputs stay queued.
+    """
+    attempts = settings.XAGENT_POISON_SLICE_ATTEMPTS
+    with engine.locked_session(session_id, token) as session:
+        turn = session.current_turn
+        if turn is None or session.status not in (SessionStatus.RUNNING, SessionStatus.PREPARING):
+            return False  # a parked turn waits for a person; nothing of it runs
+        recent = (
+            RunnerSlice.objects.filter(session_id=session_id)
+            .exclude(token=token)
+            .order_by("-id")
+            .values_list("outcome", "ended_at")[:attempts]
+        )
+        # Losses noticed before this turn began belong to an earlier turn.
+        lost = 0
+        for outcome, ended_at in recent:
+            if outcome != "lost" or ended_at < turn.started_at:
+                break
+            lost += 1
+        if lost < attempts:
+            return False
+        reason = f"the runner was lost {lost} times in a row at this point; stopped to protect the workers"
+        engine.fail_turn(session, turn, code="poisoned_slice", reason=reason)
+    logger.warning("session %s: %s", session_id, reason)
+    return True
 
 
 def _failure_reason(exc: Exception) -> str:
