@@ -328,6 +328,9 @@ def _fail_open_turn(session_id, token, exc: Exception) -> None:
     """A crash inside the slice: close the turn `error` so the Session never looks busy forever."""
     reason = _failure_reason(exc)
     try:
+        # A call or model call the crash left open gets its `interrupted` answer, so the history
+        # the next turn sends stays valid.
+        engine.close_dangling_calls(session_id, token)
         with engine.locked_session(session_id, token) as session:
             if session.current_turn is not None:
                 engine.end_turn(session, session.current_turn, TurnReason.ERROR, reason)

@@ -126,9 +126,9 @@ def test_a_point_that_kills_its_worker_every_time_ends_the_session_failed_after_
     for attempt in range(1, ATTEMPTS + 1):
         with running(worker_command(f"doomed{attempt}"), env, tmp_path / f"doomed{attempt}.log") as doomed:
 
-            def reached() -> bool:
+            def reached(runs: int = attempt) -> bool:
                 brain.recover_stale_sessions()
-                return _runs(runs_log) == attempt
+                return _runs(runs_log) == runs
 
             wait_for(reached, f"runner {attempt} to reach the point")
             # Not stopped before K losses: a takeover after fewer losses goes on with the turn.
@@ -157,3 +157,45 @@ def test_a_point_that_kills_its_worker_every_time_ends_the_session_failed_after_
     assert session.runner_token is None
     assert_tool_pairs(session)
     assert_gap_free(session)
+
+
+def prefork_worker_command(name: str) -> list[str]:
+    """A production-like worker: the prefork pool, the only one that enforces time limits."""
+    command = worker_command(name)
+    pool = command.index("--pool")
+    command[pool + 1 : pool + 2] = ["prefork"]
+    command[command.index("--concurrency") + 1] = "1"
+    return command
+
+
+def test_a_slice_past_its_soft_time_limit_ends_its_turn_with_that_reason(
+    tmp_path, api_owner_a, model_config_a, model_server, shell_session, monkeypatch
+):
+    from sessions_app.tasks import drive_session
+
+    session_id, runs_log = shell_session
+    # The limits travel in the task message, from the process that enqueues (here this one).
+    monkeypatch.setattr(drive_session, "soft_time_limit", 3)
+    monkeypatch.setattr(drive_session, "time_limit", 60)
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("shell_exec", {"command": "echo run >> runs.log; sleep 30"}, id="s1")]),
+    )
+    env = {
+        **database_env_for_workers(),
+        "XAGENT_SLICE_SOFT_TIME_LIMIT": "3",
+        "XAGENT_SLICE_TIME_LIMIT": "60",
+    }
+
+    with running(prefork_worker_command("limited"), env, tmp_path / "limited.log"):
+        api_owner_a.post(f"/api/v1/sessions/{session_id}/inputs/", {"text": "run it"}, format="json")
+        wait_for(lambda: Turn.objects.filter(session_id=session_id).exclude(reason="").exists(), "the turn")
+
+    session = Session.objects.get(pk=session_id)
+    turn = Turn.objects.get(session=session)
+    assert turn.reason == "error"
+    assert turn.reason_detail.startswith("the slice exceeded its time limit (3 s")
+    assert (session.status, session.runner_token) == ("failed", None)
+    assert _runs(runs_log) == 1
+    assert len(model_server.requests_for("agent")) == 1
+    assert_tool_pairs(session)
