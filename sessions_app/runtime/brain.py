@@ -304,7 +304,7 @@ def stop_poisoned_turn(session_id, token) -> bool:
         # Losses noticed before this turn began belong to an earlier turn.
         lost = 0
         for outcome, ended_at in recent:
-            if outcome != "lost" or ended_at < turn.started_at:
+            if outcome != "lost" or ended_at is None or ended_at < turn.started_at:
                 break
             lost += 1
         if lost < attempts:

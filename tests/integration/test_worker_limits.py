@@ -26,6 +26,7 @@ from .processes import database_env_for_workers, running, worker_command
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 LEASE_SECONDS = 3
 ATTEMPTS = 3
+SOFT_LIMIT = 15
 
 
 def wait_for(predicate, what: str, timeout=90):
@@ -174,16 +175,19 @@ def test_a_slice_past_its_soft_time_limit_ends_its_turn_with_that_reason(
     from sessions_app.tasks import drive_session
 
     session_id, runs_log = shell_session
-    # The limits travel in the task message, from the process that enqueues (here this one).
-    monkeypatch.setattr(drive_session, "soft_time_limit", 3)
-    monkeypatch.setattr(drive_session, "time_limit", 60)
+    # The limits travel in the task message, from the process that enqueues (here this one, which
+    # caches a task's send options at its first send). The soft one leaves a loaded machine ample
+    # time to reach the command (a fresh pool process imports the model client first): it must
+    # land while the command runs.
+    limits = {"soft_time_limit": SOFT_LIMIT, "time_limit": 60}
+    monkeypatch.setattr(drive_session, "_exec_options", {**drive_session._get_exec_options(), **limits})
     model_server.script(
         "agent",
-        tool_reply([tool_call("shell_exec", {"command": "echo run >> runs.log; sleep 30"}, id="s1")]),
+        tool_reply([tool_call("shell_exec", {"command": "echo run >> runs.log; sleep 50"}, id="s1")]),
     )
     env = {
         **database_env_for_workers(),
-        "XAGENT_SLICE_SOFT_TIME_LIMIT": "3",
+        "XAGENT_SLICE_SOFT_TIME_LIMIT": str(SOFT_LIMIT),
         "XAGENT_SLICE_TIME_LIMIT": "60",
     }
 
@@ -194,8 +198,10 @@ def test_a_slice_past_its_soft_time_limit_ends_its_turn_with_that_reason(
     session = Session.objects.get(pk=session_id)
     turn = Turn.objects.get(session=session)
     assert turn.reason == "error"
-    assert turn.reason_detail.startswith("the slice exceeded its time limit (3 s")
+    assert turn.reason_detail.startswith(f"the slice exceeded its time limit ({SOFT_LIMIT} s")
     assert (session.status, session.runner_token) == ("failed", None)
     assert _runs(runs_log) == 1
     assert len(model_server.requests_for("agent")) == 1
+    closed = Message.objects.get(session=session, role="tool", tool_call_id="s1")
+    assert closed.is_error and closed.content.startswith("Interrupted:")
     assert_tool_pairs(session)
