@@ -45,12 +45,14 @@ def _recover_on_start(sender, **kwargs):
 
 @worker_shutting_down.connect
 def _hand_over_on_shutdown(sender, **kwargs):
-    """A deploy's SIGTERM (warm) or SIGQUIT (cold, after worker_soft_shutdown_timeout): slices
-    running in this process stop at their next step boundary and re-enqueue their Sessions, so
-    another worker goes on at once and nothing waits for a lease to lapse.
+    """A deploy's SIGTERM (warm shutdown): slices running in this process stop at their next step
+    boundary and re-enqueue their Sessions, so another worker goes on at once and nothing waits
+    for a lease to lapse.
 
-    Sent in the worker's main process: it reaches slices of the threads and solo pools; prefork
-    children finish their (bounded) slice and hand over as they always do.
+    Sent in the worker's main process, so it reaches slices of the threads and solo pools;
+    prefork children finish their (bounded) slice and hand over as they always do. A cold
+    shutdown (SIGQUIT) sends it only after worker_soft_shutdown_timeout, as it cancels tasks:
+    what it cuts short is taken over once the lease lapses.
     """
     # Runs inside the signal handler: no imports here. A process that never loaded brain never
     # ran a slice, so there is nothing to hand over.
