@@ -6,9 +6,10 @@ Tasks have explicit names and take ids only (STYLE §7).
 """
 
 import os
+import sys
 
 from celery import Celery
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -53,3 +54,21 @@ def _leave_on_shutdown(sender, **kwargs):
     from sessions_app.runtime import presence
 
     presence.stop_presence()
+
+
+@worker_shutting_down.connect
+def _hand_over_on_shutdown(sender, **kwargs):
+    """A deploy's SIGTERM (warm shutdown): slices running in this process stop at their next step
+    boundary and re-enqueue their Sessions, so another worker goes on at once and nothing waits
+    for a lease to lapse.
+
+    Sent in the worker's main process, so it reaches slices of the threads and solo pools;
+    prefork children finish their (bounded) slice and hand over as they always do. A cold
+    shutdown (SIGQUIT) sends it only after worker_soft_shutdown_timeout, as it cancels tasks:
+    what it cuts short is taken over once the lease lapses.
+    """
+    # Runs inside the signal handler: no imports here. A process that never loaded brain never
+    # ran a slice, so there is nothing to hand over.
+    brain = sys.modules.get("sessions_app.runtime.brain")
+    if brain is not None:
+        brain.hand_over_slices()

@@ -3,6 +3,10 @@
 `runstack` starts it beside daphne so the same task code path (`.delay()` through the
 broker) runs with no external service. It uses the `memory://` transport, which only
 exists inside this process, so it must never be started when REDIS_URL is set.
+
+`stop_embedded_worker` stops it before the interpreter exits: left running, its pool would
+take tasks (a yielding slice re-enqueues its Session) into an executor the interpreter has
+already shut down, which failed noisily and left that work to the next start's recovery.
 """
 
 from __future__ import annotations
@@ -49,3 +53,22 @@ def start_embedded_worker() -> threading.Thread:
         _worker_thread.start()
         logger.info("embedded Celery worker started (%s threads)", settings.XAGENT_EMBEDDED_WORKER_THREADS)
         return _worker_thread
+
+
+def stop_embedded_worker(timeout: float) -> bool:
+    """Stop the in-process worker as a warm shutdown would: stop consuming, let running slices
+    reach their next step boundary and hand over (release the lease; the next start's recovery
+    sweep picks their Sessions up), wait up to `timeout` seconds. True when it has stopped."""
+    thread = _worker_thread
+    if thread is None or not thread.is_alive():
+        return True
+    from celery.platforms import EX_OK
+    from celery.worker import state
+
+    from sessions_app.runtime.brain import hand_over_slices
+
+    hand_over_slices()
+    # What a SIGTERM handler sets: the worker's consumer loop sees it and shuts down warm.
+    state.should_stop = EX_OK
+    thread.join(timeout)
+    return not thread.is_alive()

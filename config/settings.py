@@ -231,6 +231,39 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
 )
 # How often the recovery sweep runs (beat here; a timer thread in embedded mode).
 XAGENT_RECOVERY_SWEEP_SECONDS = _positive_int("XAGENT_RECOVERY_SWEEP_SECONDS", 5)
+# A slice stops itself after SLICE_MAX_SECONDS (30 s) at a step boundary, but one step can run a
+# shell command of up to tools_app.native.shell.MAX_TIMEOUT_SECONDS (600 s) or a slow model call.
+# The soft limit ends a slice that overran even that (its turn ends `error`); the hard limit
+# kills the pool process if the soft one was not honoured. Both are enforced by the prefork pool
+# only: the threads pool (embedded mode, `--pool threads`) cannot stop a thread.
+XAGENT_SLICE_SOFT_TIME_LIMIT = _positive_int("XAGENT_SLICE_SOFT_TIME_LIMIT", 900)
+XAGENT_SLICE_TIME_LIMIT = _positive_int("XAGENT_SLICE_TIME_LIMIT", 960)
+if XAGENT_SLICE_TIME_LIMIT <= XAGENT_SLICE_SOFT_TIME_LIMIT:
+    raise ImproperlyConfigured(
+        "Invalid value for environment variable XAGENT_SLICE_TIME_LIMIT: must be greater than "
+        "XAGENT_SLICE_SOFT_TIME_LIMIT"
+    )
+if not EMBEDDED and XAGENT_SLICE_TIME_LIMIT >= CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"]:
+    # Redis would hand a still-running slice's task to a second worker.
+    raise ImproperlyConfigured(
+        "Invalid value for environment variable XAGENT_SLICE_TIME_LIMIT: must be smaller than "
+        "XAGENT_VISIBILITY_TIMEOUT"
+    )
+CELERY_TASK_ANNOTATIONS = {
+    "sessions.drive_session": {
+        "soft_time_limit": XAGENT_SLICE_SOFT_TIME_LIMIT,
+        "time_limit": XAGENT_SLICE_TIME_LIMIT,
+    }
+}
+# A runner lost this many times in a row at the same point of a turn (its worker died each
+# time: OOM, segfault, hard time limit) ends the turn `error` instead of killing the next worker.
+XAGENT_POISON_SLICE_ATTEMPTS = _positive_int("XAGENT_POISON_SLICE_ATTEMPTS", 3)
+# Cold shutdown (SIGQUIT, or SIGTERM with REMAP_SIGTERM=SIGQUIT) first waits this long for running
+# slices: a slice stops at its next step boundary once the worker is shutting down (brain.drive),
+# so slightly more than a slice's budget lets almost every slice hand over cleanly. Without
+# running tasks the worker does not wait (worker_enable_soft_shutdown_on_idle stays off: the only
+# messages it holds then are countdown sweeps, which Redis redelivers anyway).
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(_positive_int("XAGENT_WORKER_SOFT_SHUTDOWN_SECONDS", 45))
 CELERY_BEAT_SCHEDULE = {
     # Wake Sessions whose runner vanished (worker killed, task lost): ARCHITECTURE §6.
     # Every few seconds: cheap (three small queries when nothing is wrong), and it bounds how

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from celery.exceptions import SoftTimeLimitExceeded
 from jsonschema import Draft202012Validator
 
 from approvals_app.choices import PolicyAction
@@ -385,6 +386,10 @@ class ToolService:
             result = tool.run(call_ctx, prepared.run_args if prepared.run_args is not None else args)
         except ToolError as exc:
             return self._error(call_id, tool.name, args, exc.stage, exc.code, str(exc), prepared.started)
+        except SoftTimeLimitExceeded:
+            # The runner slice's time is up (Celery's soft limit lands in whatever runs): not the
+            # tool's failure, and the runner must see it to end the turn.
+            raise
         except Exception as exc:
             logger.exception("tool %s crashed (call %s)", tool.name, call_id)
             return self._error(

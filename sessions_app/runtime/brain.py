@@ -16,6 +16,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -31,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 SLICE_MAX_STEPS = 8
 SLICE_MAX_SECONDS = 30.0
+
+# Set once this process is going away (a worker's warm or cold shutdown, runstack stopping): a
+# slice in flight stops at its next step boundary and hands its Session on, as when its budget
+# is spent, instead of holding work a dying worker can no longer finish.
+_handing_over = threading.Event()
 
 
 # --- inputs --------------------------------------------------------------------------------------
@@ -194,11 +201,13 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
             RunnerSlice.objects.filter(session_id=session_id, ended_at__isnull=True).exclude(
                 token=token
             ).update(ended_at=timezone.now(), outcome="lost")
+            # A turn that keeps killing its workers is stopped first; what is left is recovered.
+            stop_poisoned_turn(session_id, token)
             recovery = engine.recover_lost_runner(session_id, token, rerun_kind=_rerun_kind(tenant_id))
             if recovery.found:
                 logger.info("session %s recovered after a lost runner: %s", session_id, recovery.as_event())
         while True:
-            if steps >= max_steps or time.monotonic() >= deadline:
+            if steps >= max_steps or time.monotonic() >= deadline or _handing_over.is_set():
                 agent.pause()
                 release(session_id, token, keep_if_work=False)
                 outcome = "yielded"
@@ -275,19 +284,68 @@ def _step(agent: AgentService) -> int:
     return 1
 
 
+def hand_over_slices() -> None:
+    """This process is shutting down: every slice running in it yields at its next step boundary
+    (releases the lease and re-enqueues its Session for another worker)."""
+    _handing_over.set()
+
+
+def stop_poisoned_turn(session_id, token) -> bool:
+    """Called by a runner that took over from lost ones (their audit rows just marked `lost`).
+
+    When the open turn's runner was lost XAGENT_POISON_SLICE_ATTEMPTS times in a row — no slice
+    ended normally in between — the same point of the turn kills every worker that runs it (an
+    OOM, a segfault, the hard time limit): end the turn `error` and the Session `failed` with the
+    reason and an `error` event, rather than hand it to the next worker. Queued inputs stay queued.
+    """
+    attempts = settings.XAGENT_POISON_SLICE_ATTEMPTS
+    with engine.locked_session(session_id, token) as session:
+        turn = session.current_turn
+        if turn is None or session.status not in engine.ACTIVE_STATUSES:
+            return False  # a parked turn waits for a person; nothing of it runs
+        recent = (
+            RunnerSlice.objects.filter(session_id=session_id)
+            .exclude(token=token)
+            .order_by("-id")
+            .values_list("outcome", "ended_at")[:attempts]
+        )
+        # Losses noticed before this turn began belong to an earlier turn.
+        lost = 0
+        for outcome, ended_at in recent:
+            if outcome != "lost" or ended_at is None or ended_at < turn.started_at:
+                break
+            lost += 1
+        if lost < attempts:
+            return False
+        reason = f"the runner was lost {lost} times in a row at this point; stopped to protect the workers"
+        engine.answer_open_calls(session)  # nothing of it runs again, and its history stays valid
+        engine.settle_pending_compaction(session)
+        engine.fail_turn(session, turn, code="poisoned_slice", reason=reason)
+    logger.warning("session %s: %s", session_id, reason)
+    return True
+
+
+def _failure_reason(exc: Exception) -> str:
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return (
+            f"the slice exceeded its time limit ({settings.XAGENT_SLICE_SOFT_TIME_LIMIT} s, "
+            "XAGENT_SLICE_SOFT_TIME_LIMIT); the turn was stopped"
+        )
+    return f"internal error: {exc.__class__.__name__}"
+
+
 def _fail_open_turn(session_id, token, exc: Exception) -> None:
     """A crash inside the slice: close the turn `error` so the Session never looks busy forever."""
+    reason = _failure_reason(exc)
     try:
         with engine.locked_session(session_id, token) as session:
+            # A call or model call the crash left open gets its `interrupted` answer, so the
+            # history the next turn sends stays valid.
+            engine.answer_open_calls(session)
             if session.current_turn is not None:
-                engine.end_turn(
-                    session,
-                    session.current_turn,
-                    TurnReason.ERROR,
-                    f"internal error: {exc.__class__.__name__}",
-                )
+                engine.end_turn(session, session.current_turn, TurnReason.ERROR, reason)
             else:
-                engine.set_status(session, SessionStatus.FAILED, f"internal error: {exc.__class__.__name__}")
+                engine.set_status(session, SessionStatus.FAILED, reason)
         release(session_id, token, keep_if_work=False)
     except engine.LeaseLost:
         pass

@@ -213,3 +213,58 @@ class TestBadValues:
 
     def test_a_database_url_without_a_scheme_names_database_url(self):
         assert "DATABASE_URL" in startup_error(DATABASE_URL="nonsense")
+
+
+SHOW_SLICE_LIMITS = """
+import json
+import django
+django.setup()
+from django.conf import settings
+from config.celery import app
+import sessions_app.tasks
+task = app.tasks["sessions.drive_session"]
+print(json.dumps({
+    "soft": task.soft_time_limit, "hard": task.time_limit,
+    "soft_shutdown": app.conf.worker_soft_shutdown_timeout,
+    "poison_attempts": settings.XAGENT_POISON_SLICE_ATTEMPTS,
+}))
+"""
+
+
+class TestSliceLimits:
+    def _limits(self, **values: str) -> dict:
+        result = run_python("-c", SHOW_SLICE_LIMITS, **values)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    @needs_no_dotenv
+    def test_drive_session_gets_limits_well_above_a_slice_and_the_longest_shell_call(self):
+        from tools_app.native.shell import MAX_TIMEOUT_SECONDS
+
+        limits = self._limits()
+
+        assert limits["soft"] > 30 + MAX_TIMEOUT_SECONDS and limits["hard"] > limits["soft"]
+        assert limits["soft_shutdown"] > 30  # a slice's budget (brain.SLICE_MAX_SECONDS)
+        assert limits["poison_attempts"] == 3
+
+    def test_the_limits_come_from_the_environment(self):
+        limits = self._limits(
+            XAGENT_SLICE_SOFT_TIME_LIMIT="100",
+            XAGENT_SLICE_TIME_LIMIT="120",
+            XAGENT_WORKER_SOFT_SHUTDOWN_SECONDS="50",
+            XAGENT_POISON_SLICE_ATTEMPTS="5",
+        )
+
+        assert limits == {"soft": 100, "hard": 120, "soft_shutdown": 50.0, "poison_attempts": 5}
+
+    def test_a_hard_limit_not_above_the_soft_one_stops(self):
+        message = startup_error(XAGENT_SLICE_SOFT_TIME_LIMIT="100", XAGENT_SLICE_TIME_LIMIT="100")
+
+        assert "XAGENT_SLICE_TIME_LIMIT" in message
+
+    def test_a_hard_limit_past_the_visibility_timeout_stops(self):
+        env = production_env(
+            XAGENT_VISIBILITY_TIMEOUT="600", XAGENT_SLICE_SOFT_TIME_LIMIT="300", XAGENT_SLICE_TIME_LIMIT="700"
+        )
+
+        assert "XAGENT_VISIBILITY_TIMEOUT" in startup_error(**env)

@@ -192,6 +192,19 @@ def test_a_crashing_tool_becomes_an_error_outcome_and_is_logged(ctx, caplog):
     assert any(r.exc_info and r.exc_info[0] is RuntimeError for r in caplog.records)
 
 
+def test_a_slice_time_limit_inside_a_tool_is_not_taken_for_a_tool_crash(ctx):
+    """Celery's soft time limit lands in whatever the slice runs; the runner must see it to end
+    the turn with that reason, so ToolService never turns it into a `tool_crashed` result."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    class Overrunning(CrashingTool):
+        def run(self, ctx, args):
+            raise SoftTimeLimitExceeded()
+
+    with pytest.raises(SoftTimeLimitExceeded):
+        ToolService().execute("c1", "crash", "{}", ctx, {"crash": Overrunning()})
+
+
 def test_tool_errors_keep_their_stage_and_code(ctx, workspace, host):
     outcome = ToolService().execute(
         "c1", "fs_write", '{"path": "../host/x", "content": "x"}', ctx, defaults()

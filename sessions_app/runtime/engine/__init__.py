@@ -48,7 +48,7 @@ from .history import (
     without_nul,
 )
 from .plan import file_changed, plan_create, plan_update, record_person_file_change
-from .recovery import Recovery, recover_lost_runner
+from .recovery import Recovery, answer_open_calls, recover_lost_runner
 from .sessions import (
     InvalidInput,
     add_selected_capabilities,
@@ -70,6 +70,7 @@ from .turns import (
     Boundary,
     TurnProgress,
     end_turn,
+    fail_turn,
     fail_without_turn,
     finish_turn,
     input_text,
@@ -99,6 +100,7 @@ __all__ = [
     "TurnProgress",
     "abandon_compaction",
     "add_selected_capabilities",
+    "answer_open_calls",
     "append_message",
     "archive_session",
     "begin_compaction",
@@ -114,6 +116,7 @@ __all__ = [
     "has_unanswered_calls",
     "enqueue_input",
     "fall_back_to_trim",
+    "fail_turn",
     "file_changed",
     "finish_turn",
     "has_pending_work",

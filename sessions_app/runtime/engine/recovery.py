@@ -134,6 +134,17 @@ def recover_lost_runner(session_id, token, rerun_kind: Callable[[str], str] | No
         return recovery
 
 
+def answer_open_calls(session: Session) -> Recovery:
+    """A crash is ending the turn (caller holds the Session): a model call it left open is ended
+    `interrupted` and every call of the last response without a result gets an `interrupted`
+    one (none re-run), so the history the next turn sends stays valid."""
+    recovery = Recovery()
+    recovery.interrupted_model_calls = _close_open_model_calls(session)
+    if session.current_turn_id is not None:
+        _settle_calls(session, session.current_turn_id, lambda name: "", recovery)
+    return recovery
+
+
 def _still_waiting(session: Session, recovery: Recovery) -> None:
     approval = (
         PendingApproval.objects.filter(session_id=session.pk, turn_id=session.current_turn_id)

@@ -103,6 +103,15 @@ def end_turn(session: Session, turn: Turn, reason: str, detail: str = "") -> Non
     set_status(session, STATUS_AFTER_TURN[reason], detail if reason != TurnReason.COMPLETED else "")
 
 
+def fail_turn(session: Session, turn: Turn, *, code: str, reason: str) -> None:
+    """End a turn the runtime had to stop (caller holds the lock): an `error` event with `code`,
+    then the turn ends `error` and the Session becomes `failed`, both with `reason`."""
+    if turn.ended_at is not None:
+        return
+    emit(session, "error", {"code": code, "message": reason})
+    end_turn(session, turn, TurnReason.ERROR, reason)
+
+
 def finish_turn(
     session_id, token, turn_id: int, reason: str, detail: str = "", *, progress: TurnProgress | None = None
 ) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import openai
+from celery.exceptions import SoftTimeLimitExceeded
 from openai import Stream
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -170,7 +171,7 @@ class OpenAIChatProvider:
                 result = self._stream_once(messages, tools, purpose, on_delta, cancel)
                 result.attempts, result.attempt_errors = attempt, errors
                 return result
-            except Cancelled:
+            except (Cancelled, SoftTimeLimitExceeded):  # the slice's time limit is not a model error
                 raise
             except Exception as exc:
                 if cancel is not None and cancel.is_set():
