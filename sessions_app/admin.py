@@ -64,9 +64,13 @@ class ModelConfigForm(forms.ModelForm):
     def clean(self):
         cleaned = super().clean()
         window, output = cleaned.get("context_window"), cleaned.get("max_output_tokens")
-        if window and output and output >= window:
+        if window is None or output is None:
+            return cleaned  # the field's own error says what is missing
+        if output < 1:
+            self.add_error("max_output_tokens", "must be at least 1 (the room the model has to answer).")
+        elif output >= window:
             raise forms.ValidationError("max_output_tokens must be smaller than context_window.")
-        if window and output and context_budget(window, output) < MIN_REQUEST_TOKENS:
+        elif context_budget(window, output) < MIN_REQUEST_TOKENS:
             # A budget this small compacts at every step and still cannot fit a request.
             self.add_error(
                 "max_output_tokens",

@@ -314,6 +314,9 @@ def test_an_interrupt_during_the_summary_call_drops_the_compaction_and_stops_the
     [
         (4000, 4000, "max_output_tokens must be smaller than context_window"),
         (4000, 3000, "leaves 744 tokens for the request"),
+        (0, 0, "must be at least 1"),
+        (1, 0, "must be at least 1"),
+        (1000, 1, "leaves 743 tokens for the request"),
     ],
 )
 def test_a_model_configuration_must_leave_room_for_a_request(tenant_a, owner_a, window, output, problem):
@@ -328,5 +331,5 @@ def test_a_model_configuration_must_leave_room_for_a_request(tenant_a, owner_a, 
     response = admin.post("/admin/sessions_app/modelconfig/add/", form)
     assert response.status_code == 200 and problem in response.content.decode()
     assert not ModelConfig.objects.filter(name="tiny").exists()
-    form["max_output_tokens"] = 1000
+    form["context_window"], form["max_output_tokens"] = 8000, 1000
     assert admin.post("/admin/sessions_app/modelconfig/add/", form).status_code == 302
