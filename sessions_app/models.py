@@ -344,9 +344,9 @@ class Checkpoint(TenantOwnedModel):
 
     Written `pending` before the summary call (with the boundary it chose), given its validated
     summary, then `committed` together with the Session's new context start — or `discarded`
-    (the summary failed or was invalid, or the runner was lost before it was validated).
-    A `trim` is the deterministic fallback: the same boundary, a continuity state built from
-    facts the product holds instead of a summary.
+    (interrupted, or the runner was lost before its summary was validated). When the summary
+    fails or is invalid it commits as a `trim`, the deterministic fallback: the same boundary, a
+    continuity state built from facts the product holds, `reason` saying why.
     """
 
     class Status(models.TextChoices):

@@ -1186,6 +1186,8 @@
         return `${d.op} ${d.path}${d.by ? " by " + d.by : ""}`;
       case "compaction.started":
         return `${d.messages || "?"} messages, ~${d.tokens_before || "?"} tokens`;
+      case "compaction.discarded":
+        return d.reason || "";
       case "compaction.committed":
         return `${d.method}${d.reason ? " — " + d.reason : ""} (~${d.tokens_before} → ${d.tokens_after} tokens)`;
       case "delivery.recorded":

@@ -98,6 +98,11 @@ def test_a_long_turn_compacts_repeatedly_and_every_later_request_fits_the_budget
         SessionEvent.objects.filter(session=session, type="compaction.started").count() == committed.count()
     )
     assert Checkpoint.objects.filter(session=session, status="committed").count() == committed.count()
+    # Every checkpoint names the turn's request as its anchor (the cut passed it each time).
+    anchor = Message.objects.get(session=session, role="user")
+    assert set(Checkpoint.objects.filter(session=session).values_list("anchor_message_id", flat=True)) == {
+        anchor.pk
+    }
     # Goals are the Session's: compaction never changes them.
     assert (session.session_goal, session.phase_goal) == (TASK, TASK)
 
@@ -144,12 +149,12 @@ def test_an_invalid_summary_falls_back_to_a_trim_that_says_so(reading_session, s
     committed = list(SessionEvent.objects.filter(session=session, type="compaction.committed"))
     assert committed and all(e.data["method"] == "trim" for e in committed)
     assert all("invalid summary: the summary is not JSON" in e.data["reason"] for e in committed)
-    discarded = Checkpoint.objects.filter(session=session, status="discarded")
-    assert discarded.count() == len(committed)
-    assert {e.data["discarded_checkpoint_id"] for e in committed} == set(
-        discarded.values_list("pk", flat=True)
-    )
+    # Each committed trim closes the compaction.started of the same checkpoint.
+    started = SessionEvent.objects.filter(session=session, type="compaction.started")
+    assert [e.data["checkpoint_id"] for e in started] == [e.data["checkpoint_id"] for e in committed]
+    assert not Checkpoint.objects.filter(session=session).exclude(status="committed").exists()
     trim = Checkpoint.objects.filter(session=session, status="committed").last()
+    assert trim.method == "trim" and trim.reason.startswith("invalid summary")
     assert set(trim.state) == set(STATE_KEYS)
     assert trim.state["active_user_request"] == TASK
     assert any("fs_read(" in line for line in trim.state["progress"])
@@ -304,6 +309,11 @@ def test_an_interrupt_during_the_summary_call_drops_the_compaction_and_stops_the
     checkpoint = Checkpoint.objects.get(session=session)
     assert (checkpoint.status, checkpoint.reason) == ("discarded", "interrupted by the user")
     assert "compaction.committed" not in event_types(session)
+    discarded = SessionEvent.objects.get(session=session, type="compaction.discarded")
+    assert discarded.data["checkpoint_id"] == checkpoint.pk
+    # The status went from compressing straight to interrupted (never back to running first).
+    statuses = [e.data["status"] for e in SessionEvent.objects.filter(session=session, type="session.status")]
+    assert statuses[-2:] == ["compressing", "interrupted"]
     assert session.context_start_message_id is None
     assert ModelCall.objects.get(session=session, purpose="summary").finish_reason == "cancelled"
     assert_tool_pairs(session)

@@ -9,10 +9,10 @@ writes each phase as one locked, fenced transaction:
   record  — the summary call's result and, when SummaryService validated it, the state;
   commit  — the checkpoint committed, the Session's context start advanced to the boundary,
             status back to `running`, `compaction.committed`.
-A failed or invalid summary discards the pending checkpoint and commits a deterministic trim
-at the same boundary instead (`fall_back_to_trim`), and the event says so. A runner lost in
-between leaves a pending checkpoint that recovery promotes (validated) or discards
-(`settle_pending_compaction`). Raw history is never deleted; goals stay the Session's.
+A failed or invalid summary turns the pending checkpoint into a deterministic trim at the same
+boundary (`fall_back_to_trim`), and `compaction.committed` says so. An interrupt discards it
+(`compaction.discarded`). A runner lost in between leaves a pending checkpoint that recovery
+promotes (validated) or discards (`settle_pending_compaction`). Raw history is never deleted; goals stay the Session's.
 """
 
 from __future__ import annotations
@@ -95,8 +95,20 @@ def begin_compaction(
     request_tokens: int,
 ) -> tuple[Checkpoint, ModelCall]:
     """Phase one: the pending checkpoint, status `compressing`, `compaction.started`, and the
-    summary call's evidence row (a `summary` ModelCall) — one transaction."""
+    summary call's evidence row (a `summary` ModelCall) — one transaction. The checkpoint names
+    the turn's user request as its anchor when the cut passes it (it is then sent after the
+    continuity state)."""
     with locked_session(session_id, token) as session:
+        anchor_id = (
+            Message.objects.filter(turn_id=turn_id, role=Role.USER)
+            .order_by("id")
+            .values_list("id", flat=True)
+            .first()
+            if turn_id is not None
+            else None
+        )
+        if anchor_id is not None and anchor_id >= plan.start_id:
+            anchor_id = None  # kept verbatim anyway
         _settle(session, "a newer compaction started")  # a leftover of a lost runner
         checkpoint = Checkpoint.objects.create(
             tenant_id=session.tenant_id,
@@ -105,6 +117,7 @@ def begin_compaction(
             start_message_id=plan.start_id,
             covers_from_id=plan.covers_from_id,
             covers_to_id=plan.covers_to_id,
+            anchor_message_id=anchor_id,
             tokens_before=plan.tokens_before,
             budget=budget,
         )
@@ -171,38 +184,31 @@ def commit_compaction(session_id, token, checkpoint: Checkpoint, *, tokens_after
 def fall_back_to_trim(
     session_id, token, checkpoint: Checkpoint, *, reason: str, previous_state: dict | None, tokens_after: int
 ) -> Checkpoint:
-    """The summary failed or was invalid: discard the pending checkpoint and commit a
-    deterministic trim at the same boundary, built from facts the product holds."""
+    """The summary failed or was invalid: the pending checkpoint becomes a deterministic trim at
+    the same boundary, its state built from facts the product holds, and commits — so
+    `compaction.committed` closes the `compaction.started` of the same id, saying `method: trim`
+    and why (the failed summary call stays in the evidence)."""
     with locked_session(session_id, token) as session:
-        _discard(checkpoint, reason)
-        trim = Checkpoint.objects.create(
-            tenant_id=session.tenant_id,
-            session=session,
-            turn_id=checkpoint.turn_id,
-            method=Checkpoint.Method.TRIM,
-            start_message_id=checkpoint.start_message_id,
-            covers_from_id=checkpoint.covers_from_id,
-            covers_to_id=checkpoint.covers_to_id,
-            state=trim_state(session, checkpoint, previous_state, reason),
-            tokens_before=checkpoint.tokens_before,
-            tokens_after=tokens_after,
-            budget=checkpoint.budget,
-            reason=reason[:500],
+        checkpoint.method = Checkpoint.Method.TRIM
+        checkpoint.state = trim_state(session, checkpoint, previous_state, reason)
+        checkpoint.reason = reason[:500]
+        checkpoint.tokens_after = tokens_after
+        Checkpoint.objects.filter(pk=checkpoint.pk, status=Checkpoint.Status.PENDING).update(
+            method=checkpoint.method, state=checkpoint.state, reason=checkpoint.reason
         )
-        _commit(session, trim, discarded=checkpoint, reason=reason)
-    return trim
+        _commit(session, checkpoint)
+    return checkpoint
 
 
 def abandon_compaction(session_id, token, checkpoint: Checkpoint, *, reason: str) -> None:
-    """The compaction was interrupted by the user: discard it, change nothing else (the
-    interrupt is applied at the next boundary)."""
+    """The compaction was interrupted (or crashed): discard it, change nothing else. The status
+    stays `compressing` until the interrupt is applied at the next boundary (or the crash ends
+    the turn), so it never shows `running` for a turn that is stopping."""
     with locked_session(session_id, token) as session:
-        _discard(checkpoint, reason)
+        _discard(session, checkpoint, reason)
         ModelCall.objects.filter(pk=checkpoint.summary_call_id, ended_at__isnull=True).update(
             finish_reason="cancelled", error=reason, ended_at=timezone.now()
         )
-        if session.status == SessionStatus.COMPRESSING:
-            set_status(session, SessionStatus.RUNNING)
 
 
 def settle_pending_compaction(session: Session) -> str | None:
@@ -222,15 +228,13 @@ def _settle(session: Session, reason: str) -> str | None:
     if pending.validated:
         _commit(session, pending)
         return f"compaction {pending.pk} promoted (its summary had been validated)"
-    _discard(pending, reason)
+    _discard(session, pending, reason)
     if session.status == SessionStatus.COMPRESSING:
         set_status(session, SessionStatus.RUNNING)
     return f"compaction {pending.pk} discarded ({reason}); it is redone when the budget needs it"
 
 
-def _commit(
-    session: Session, checkpoint: Checkpoint, *, discarded: Checkpoint | None = None, reason: str = ""
-):
+def _commit(session: Session, checkpoint: Checkpoint) -> None:
     now = timezone.now()
     Checkpoint.objects.filter(pk=checkpoint.pk).update(
         status=Checkpoint.Status.COMMITTED, ended_at=now, tokens_after=checkpoint.tokens_after
@@ -252,15 +256,23 @@ def _commit(
             "covers_to_id": checkpoint.covers_to_id,
             "tokens_before": checkpoint.tokens_before,
             "tokens_after": checkpoint.tokens_after,
-            **({"discarded_checkpoint_id": discarded.pk, "reason": reason} if discarded is not None else {}),
+            **({"reason": checkpoint.reason} if checkpoint.reason else {}),
         },
     )
 
 
-def _discard(checkpoint: Checkpoint, reason: str) -> None:
-    Checkpoint.objects.filter(pk=checkpoint.pk, status=Checkpoint.Status.PENDING).update(
+def _discard(session: Session, checkpoint: Checkpoint, reason: str) -> None:
+    """A compaction that will not commit: the checkpoint is kept as `discarded` with the reason,
+    and `compaction.discarded` (an extension of CONTRACT's events) closes its `compaction.started`."""
+    discarded = Checkpoint.objects.filter(pk=checkpoint.pk, status=Checkpoint.Status.PENDING).update(
         status=Checkpoint.Status.DISCARDED, reason=reason[:500], ended_at=timezone.now()
     )
+    if discarded:
+        emit(
+            session,
+            "compaction.discarded",
+            {"checkpoint_id": checkpoint.pk, "turn_id": checkpoint.turn_id, "reason": reason[:500]},
+        )
 
 
 def trim_state(session: Session, checkpoint: Checkpoint, previous_state: dict | None, reason: str) -> dict:
