@@ -528,7 +528,11 @@
     if (data.next) lines.push(el("p", { className: "recovered-next", text: `Next: ${data.next}.` }));
     const card = el(
       "li",
-      { className: "turn-note", dataset: { testid: "session-recovered", reason: "recovered" }, attrs: { role: "status" } },
+      {
+        className: "turn-note",
+        dataset: { testid: "session-recovered", reason: "recovered", afterMessage: data.after_message_id || "" },
+        attrs: { role: "status" },
+      },
       el("span", { className: "turn-note-icon", attrs: { "aria-hidden": "true" }, text: "↻" }),
       el("div", { className: "turn-note-lines" }, lines)
     );

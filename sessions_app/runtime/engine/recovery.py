@@ -31,7 +31,7 @@ from approvals_app.models import PendingApproval
 from tenancy_app.models import Tenant
 
 from ...choices import CallPurpose, InputStatus, SessionStatus, TurnReason
-from ...models import Input, ModelCall, Session
+from ...models import Input, Message, ModelCall, Session
 from ..events import emit
 from .compaction import settle_pending_compaction
 from .fencing import locked_session
@@ -59,6 +59,7 @@ class Recovery:
     next: str = ""
     found: bool = False
     turn_id: int | None = None  # the turn that was open (the browser places its card there)
+    after_message_id: int | None = None  # the last message before the takeover (the card goes after it)
 
     def as_event(self) -> dict:
         return {
@@ -68,6 +69,7 @@ class Recovery:
             "interrupted_model_calls": self.interrupted_model_calls,
             "rerun_calls": self.rerun_calls,
             **({"turn_id": self.turn_id} if self.turn_id is not None else {}),
+            **({"after_message_id": self.after_message_id} if self.after_message_id is not None else {}),
         }
 
 
@@ -129,6 +131,9 @@ def recover_lost_runner(session_id, token, rerun_kind: Callable[[str], str] | No
         if queued:
             recovery.restored.append(f"{queued} queued input{'s' if queued != 1 else ''}")
         recovery.found = bool(turn is not None or recovery.interrupted_model_calls or queued or failed)
+        recovery.after_message_id = (
+            Message.objects.filter(session_id=session.pk).order_by("-id").values_list("id", flat=True).first()
+        )
         if recovery.found:
             emit(session, "session.recovered", recovery.as_event())
         return recovery
