@@ -377,6 +377,9 @@ if XAGENT_MAX_OUTPUT_TOKENS >= XAGENT_CONTEXT_WINDOW:
 # estimator, a dotted path to `callable(text) -> int` (sessions_app/runtime/llm/tokens.py).
 XAGENT_CONTEXT_MARGIN_TOKENS = _positive_int("XAGENT_CONTEXT_MARGIN_TOKENS", 256)
 XAGENT_TOKEN_ESTIMATOR = _read("XAGENT_TOKEN_ESTIMATOR", env.str, "")
+# A summary call (compaction) waits at most this long for a byte, and is retried once; then the
+# compaction falls back to a deterministic trim.
+XAGENT_SUMMARY_TIMEOUT_SECONDS = _positive_int("XAGENT_SUMMARY_TIMEOUT_SECONDS", 60)
 # Outbound guard (tools_app/net.py): tenant-configured endpoints (Streamable HTTP MCP servers,
 # model base URLs) may not reach loopback, link-local, private, multicast or metadata addresses
 # unless the operator lists the host here ("host" or "host:port", comma-separated).

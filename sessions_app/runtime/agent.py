@@ -36,7 +36,7 @@ from ..choices import CallPurpose, InputKind, Role, TurnReason
 from ..models import Checkpoint, Message, ModelCall, Plan, Session, Turn
 from . import approvals, engine, summary
 from .events import broadcast_delta
-from .llm.base import Cancelled, CancelSignal, ModelCallFailed
+from .llm.base import Cancelled, CancelSignal, ModelCallFailed, ModelResult
 from .llm.config import EffectiveModel, resolve_model
 from .llm.providers import provider_for
 from .llm.tokens import Calibration, context_budget, estimate_message_tokens, estimate_tools_tokens
@@ -601,7 +601,7 @@ class AgentService:
             self.session_id,
             self.token,
             checkpoint,
-            result=getattr(exc, "result", None),
+            result=getattr(exc, "result", None) or _failed_call(exc),
             state=None,
             error=reason,
         )
@@ -804,6 +804,15 @@ def _display_arguments(raw: str):
         return json.loads(raw)
     except (ValueError, TypeError, RecursionError):
         return {"_raw": raw[:2000]}
+
+
+def _failed_call(exc: Exception) -> ModelResult:
+    """The evidence of a call that never answered: its attempts and their errors."""
+    return ModelResult(
+        finish_reason="error",
+        attempts=getattr(exc, "attempts", 1),
+        attempt_errors=list(getattr(exc, "attempt_errors", [])),
+    )
 
 
 def _ms(started: float) -> int:

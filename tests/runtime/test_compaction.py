@@ -343,3 +343,34 @@ def test_a_model_configuration_must_leave_room_for_a_request(tenant_a, owner_a, 
     assert not ModelConfig.objects.filter(name="tiny").exists()
     form["context_window"], form["max_output_tokens"] = 8000, 1000
     assert admin.post("/admin/sessions_app/modelconfig/add/", form).status_code == 302
+
+
+def test_a_hanging_summary_call_is_cut_short_and_trimmed(
+    reading_session, small_window, model_server, settings
+):
+    settings.XAGENT_SUMMARY_TIMEOUT_SECONDS = 1
+    session = reading_session
+    model_server.default("summary", json_reply(valid_state(), delay_before_s=20))
+    script_reads(model_server)
+    send(session, TASK)
+    drive_until_idle(session, max_slices=200)
+
+    assert Turn.objects.get(session=session).reason == "completed"
+    committed = list(SessionEvent.objects.filter(session=session, type="compaction.committed"))
+    assert committed and all(e.data["method"] == "trim" for e in committed)
+    assert all("Timeout" in e.data["reason"] for e in committed)
+    # Two attempts per compaction, no more.
+    summaries = ModelCall.objects.filter(session=session, purpose="summary")
+    assert {c.attempts for c in summaries} == {2}
+    assert len(model_server.requests_for("summary")) == 2 * len(committed)
+
+
+def test_a_server_that_says_do_not_retry_is_not_retried(tenant_a, owner_a, model_config_a, model_server):
+    from tests.support.model_server import error_reply
+
+    session = new_session(tenant_a, owner_a)
+    model_server.script("agent", error_reply(500, "broken for good", should_retry=False))
+    send(session, "hi")
+    drive_until_idle(session)
+    assert Turn.objects.get(session=session).reason == "error"
+    assert len(model_server.requests_for("agent")) == 1

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import openai
 from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
 from openai import Stream
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -45,9 +46,24 @@ _TRANSIENT = (
 
 
 def _is_transient(exc: Exception) -> bool:
+    # A server may say itself whether a retry can help (the SDK honours the same header).
+    response = getattr(exc, "response", None)
+    should_retry = response.headers.get("x-should-retry") if response is not None else None
+    if should_retry in ("true", "false"):
+        return should_retry == "true"
     if isinstance(exc, _TRANSIENT):
         return True
     return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
+
+
+def _limits_for(purpose: str) -> tuple[int, openai.Timeout]:
+    """(attempts, timeout) of a call. A summary call holds the turn in `compressing` and has a
+    deterministic fallback (a trim), so it gets one retry and a shorter read timeout instead of
+    making the user wait minutes on a hanging endpoint."""
+    if purpose == "summary":
+        seconds = float(settings.XAGENT_SUMMARY_TIMEOUT_SECONDS)
+        return 2, openai.Timeout(connect=10.0, read=seconds, write=30.0, pool=10.0)
+    return MAX_ATTEMPTS, TIMEOUT
 
 
 # One client (and its connection pool) per endpoint, key and guard per process, shared by every
@@ -166,9 +182,10 @@ class OpenAIChatProvider:
         cancel: CancelSignal | None = None,
     ) -> ModelResult:
         errors: list[str] = []
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+        attempts, timeout = _limits_for(purpose)
+        for attempt in range(1, attempts + 1):
             try:
-                result = self._stream_once(messages, tools, purpose, on_delta, cancel)
+                result = self._stream_once(messages, tools, purpose, on_delta, cancel, timeout)
                 result.attempts, result.attempt_errors = attempt, errors
                 return result
             except (Cancelled, SoftTimeLimitExceeded):  # the slice's time limit is not a model error
@@ -181,7 +198,7 @@ class OpenAIChatProvider:
                     errors.append(str(refused)[:500])
                     raise ModelCallFailed(errors[-1], attempt, errors) from exc
                 errors.append(f"{exc.__class__.__name__}: {exc}"[:500])
-                if not _is_transient(exc) or attempt == MAX_ATTEMPTS:
+                if not _is_transient(exc) or attempt == attempts:
                     raise ModelCallFailed(errors[-1], attempt, errors) from exc
                 delay = _retry_after(exc) or BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)]
                 logger.warning(
@@ -191,7 +208,7 @@ class OpenAIChatProvider:
                     raise Cancelled() from exc
         raise AssertionError("unreachable")
 
-    def _stream_once(self, messages, tools, purpose, on_delta, cancel) -> ModelResult:
+    def _stream_once(self, messages, tools, purpose, on_delta, cancel, timeout) -> ModelResult:
         # The body goes through the SDK's own request path (its client, auth, headers, errors
         # and streaming parser) already encoded: `chat.completions.create` would walk and
         # re-validate the whole history on every call, the largest cost of a step, growing
@@ -201,7 +218,10 @@ class OpenAIChatProvider:
                 "/chat/completions",
                 cast_to=ChatCompletion,
                 content=request_body(self.model, messages, tools),
-                options={"headers": {"Content-Type": "application/json", "X-XAgent-Call": purpose}},
+                options={
+                    "headers": {"Content-Type": "application/json", "X-XAgent-Call": purpose},
+                    "timeout": timeout,
+                },
                 stream=True,
                 stream_cls=Stream[ChatCompletionChunk],
             )
