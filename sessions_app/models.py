@@ -159,6 +159,9 @@ class Turn(TenantOwnedModel):
         ordering = ["id"]
         constraints = [models.UniqueConstraint(fields=["session", "number"], name="unique_turn_number")]
 
+    def __str__(self) -> str:
+        return f"turn {self.number} ({self.reason or 'open'})"
+
 
 class Message(TenantOwnedModel):
     """Append-only history. Raw history is never deleted, compression only moves the window."""
@@ -181,6 +184,9 @@ class Message(TenantOwnedModel):
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["session", "id"])]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.role}" + (f" ({self.tool_name})" if self.tool_name else "")
 
 
 class PromptBlob(TenantOwnedModel):
@@ -227,6 +233,9 @@ class ModelCall(TenantOwnedModel):
 
     class Meta:
         ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.purpose} ({self.model})"
 
 
 class SessionEvent(TenantOwnedModel):

@@ -17,7 +17,7 @@ from config.schema import error
 from tenancy_app.api.viewsets import TenantScopedViewSet
 from tenancy_app.throttling import caller_ident
 
-from ..choices import SessionStatus
+from ..choices import CallPurpose, SessionStatus
 from ..models import ModelCall, Plan, Session
 from ..runtime import approvals, brain, engine
 from . import longpoll
@@ -200,11 +200,19 @@ class SessionViewSet(
             response.long_poll = longpoll.LongPoll(session.pk, after, wait, caller_ident(request))
         return response
 
-    @extend_schema(responses=ModelCallSerializer(many=True))
+    @extend_schema(
+        parameters=[OpenApiParameter("purpose", str, enum=CallPurpose.values)],
+        responses=ModelCallSerializer(many=True),
+    )
     @action(detail=True, methods=["get"], url_path="model-calls", pagination_class=HistoryPagination)
     def model_calls(self, request, pk=None):
         session = self.get_object()
         rows = ModelCall.objects.filter(session=session).select_related("system_prompt", "tool_schemas")
+        purpose = request.query_params.get("purpose")
+        if purpose:
+            if purpose not in CallPurpose.values:
+                raise serializers.ValidationError({"purpose": f"Use one of {', '.join(CallPurpose.values)}."})
+            rows = rows.filter(purpose=purpose)
         page = self.paginate_queryset(rows)
         return self.get_paginated_response(ModelCallSerializer(page, many=True).data)
 

@@ -374,3 +374,20 @@ def test_a_server_that_says_do_not_retry_is_not_retried(tenant_a, owner_a, model
     drive_until_idle(session)
     assert Turn.objects.get(session=session).reason == "error"
     assert len(model_server.requests_for("agent")) == 1
+
+
+def test_model_call_evidence_can_be_filtered_by_purpose(
+    reading_session, small_window, model_server, api_owner_a
+):
+    session = reading_session
+    model_server.default("summary", json_reply(valid_state()))
+    script_reads(model_server)
+    send(session, TASK)
+    drive_until_idle(session, max_slices=200)
+
+    url = f"/api/v1/sessions/{session.pk}/model-calls/"
+    summaries = api_owner_a.get(url, {"purpose": "summary"}).json()["results"]
+    assert summaries and {c["purpose"] for c in summaries} == {"summary"}
+    assert len(summaries) == len(model_server.requests_for("summary"))
+    refused = api_owner_a.get(url, {"purpose": "everything"})
+    assert refused.status_code == 400 and "purpose" in refused.json()["error"]["message"]
