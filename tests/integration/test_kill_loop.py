@@ -12,10 +12,11 @@ import random
 import time
 
 import pytest
+from django.utils import timezone
 
 from approvals_app.models import ApprovalPolicy
 from approvals_app.policy import ensure_default_policy
-from sessions_app.models import Checkpoint, Input, ModelCall, Session, SessionEvent, Turn
+from sessions_app.models import Checkpoint, Input, ModelCall, RunnerSlice, Session, SessionEvent, Turn
 from sessions_app.runtime import brain, engine
 from tests.runtime.helpers import assert_gap_free, assert_tool_pairs
 from tests.support.model_server import text_reply, tool_call, tool_reply
@@ -70,14 +71,20 @@ def test_random_kills_leave_every_session_valid_with_no_lost_input_and_no_double
         api_owner_a.post(f"/api/v1/sessions/{session_id}/inputs/", {"text": "turn A"}, format="json")
     for kill in range(KILLS):
         log = tmp_path / f"doomed{kill}.log"
+        round_started = timezone.now()
         with running(worker_command(f"doomed{kill}"), env, log) as doomed:
+            # The random point is counted from the worker's first slice, not from its start (a
+            # loaded machine may take seconds to boot it): the kill lands in work in progress.
+            deadline = time.monotonic() + 60
+            while not RunnerSlice.objects.filter(session_id__in=ids, started_at__gte=round_started).exists():
+                assert doomed.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+                time.sleep(0.05)
             if kill == 0:
-                time.sleep(0.5)
                 for session_id in ids:  # queued behind the running turn: must never be lost
                     api_owner_a.post(
                         f"/api/v1/sessions/{session_id}/inputs/", {"text": "turn B"}, format="json"
                     )
-            time.sleep(rng.uniform(1.0, 5.0))
+            time.sleep(rng.uniform(0.2, 3.0))
             doomed.kill()
             doomed.wait(timeout=10)
 
