@@ -32,7 +32,7 @@ from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool
 from tools_app.secrets import Redactor, StreamRedactor, tenant_secret_values
 from tools_app.service import ApprovalRequired, ToolService
 
-from ..choices import CallPurpose, InputKind, Role, TurnReason
+from ..choices import CallPurpose, InputKind, TurnReason
 from ..models import Checkpoint, Message, ModelCall, Plan, Session, Turn
 from . import approvals, engine, summary
 from .events import broadcast_delta
@@ -187,15 +187,8 @@ class SliceContext:
         if key != self._anchor_key:
             self._anchor_key = key
             start = session.context_start_message_id
-            request = (
-                Message.objects.filter(turn_id=turn_id, role=Role.USER)
-                .order_by("id")
-                .values_list("id", flat=True)
-                .first()
-                if start
-                else None
-            )
-            self.anchor_id = request if request is not None and request < start else None
+            request = engine.turn_request(turn_id) if start else None
+            self.anchor_id = request.pk if request is not None and request.pk < start else None
         if self.calibration is None:
             # Calibrated per model: only this model's last report counts.
             last = (

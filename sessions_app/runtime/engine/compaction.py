@@ -27,7 +27,7 @@ from ...models import Checkpoint, Message, ModelCall, Session
 from ..events import emit
 from ..llm.config import EffectiveModel
 from .fencing import locked_session
-from .history import RequestHistory
+from .history import RequestHistory, turn_request
 from .turns import set_status
 
 # After a compaction the kept history should use at most this share of the budget, so the
@@ -99,16 +99,9 @@ def begin_compaction(
     the turn's user request as its anchor when the cut passes it (it is then sent after the
     continuity state)."""
     with locked_session(session_id, token) as session:
-        anchor_id = (
-            Message.objects.filter(turn_id=turn_id, role=Role.USER)
-            .order_by("id")
-            .values_list("id", flat=True)
-            .first()
-            if turn_id is not None
-            else None
-        )
-        if anchor_id is not None and anchor_id >= plan.start_id:
-            anchor_id = None  # kept verbatim anyway
+        anchor = turn_request(turn_id)
+        # The anchor is re-sent only when the cut passes it; otherwise it is kept verbatim anyway.
+        anchor_id = anchor.pk if anchor is not None and anchor.pk < plan.start_id else None
         _settle(session, "a newer compaction started")  # a leftover of a lost runner
         checkpoint = Checkpoint.objects.create(
             tenant_id=session.tenant_id,
@@ -281,17 +274,13 @@ def trim_state(session: Session, checkpoint: Checkpoint, previous_state: dict | 
     previous = previous_state or {}
     rows = Message.objects.filter(
         session_id=session.pk, id__gte=checkpoint.covers_from_id, id__lte=checkpoint.covers_to_id
-    ).values_list("role", "tool_calls", "tool_name", "is_error")
+    ).values_list("role", "tool_calls")
     calls = []
-    for role, tool_calls, _tool_name, _is_error in rows:
+    for role, tool_calls in rows:
         if role == Role.ASSISTANT:
             calls += [f"{c.get('name')}({str(c.get('arguments'))[:120]})" for c in tool_calls or []]
     trimmed = len(rows)
-    anchor = (
-        Message.objects.filter(turn_id=checkpoint.turn_id, role=Role.USER).order_by("id").first()
-        if checkpoint.turn_id
-        else None
-    )
+    anchor = turn_request(checkpoint.turn_id)
     return {
         "goal": previous.get("goal") or session.phase_goal or session.session_goal,
         "deliverables": _as_list(previous.get("deliverables")),

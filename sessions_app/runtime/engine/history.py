@@ -203,6 +203,15 @@ class RequestHistory:
         return list(self.messages[offset + start : offset + stop])
 
 
+def turn_request(turn_id: int | None) -> Message | None:
+    """The user message a turn started from: the anchor a compaction keeps sending."""
+    if turn_id is None:
+        return None
+    return (
+        Message.objects.filter(turn_id=turn_id, role=Role.USER).order_by("id").only("id", "content").first()
+    )
+
+
 # --- the step phases of a slice (fenced by its RunnerWriter) ---------------------------------------
 
 
