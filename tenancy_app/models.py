@@ -58,6 +58,30 @@ class TenantOwnedModel(models.Model):
         abstract = True
 
 
+# Rows an operator may make global (tenant empty: every tenant sees them) or a tenant owns:
+# `for_tenant` means "this tenant's rows plus the global ones" (tools, tool sets, Skills).
+class TenantOrGlobalQuerySet(TenantScopedQuerySet):
+    def for_tenant(self, tenant):
+        tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
+        return self.filter(models.Q(tenant_id=tenant_id) | models.Q(tenant__isnull=True))
+
+
+class TenantOrGlobalModel(models.Model):
+    tenant = models.ForeignKey(
+        Tenant,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="Empty: every tenant.",
+    )
+
+    objects = TenantOrGlobalQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+
 class Membership(TenantOwnedModel):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)

@@ -13,7 +13,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 
 from approvals_app.choices import Risk, ToolSource
-from tenancy_app.models import Tenant, TenantOwnedModel, TenantScopedQuerySet
+from tenancy_app.models import TenantOrGlobalModel, TenantOwnedModel
 
 name_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9_-]{0,47}$", "Use lowercase letters, digits, '_' or '-' (max 48)."
@@ -23,28 +23,6 @@ name_validator = RegexValidator(
 class Readiness(models.TextChoices):
     READY = "ready", "Ready"
     UNAVAILABLE = "unavailable", "Unavailable"
-
-
-class TenantOrGlobalQuerySet(TenantScopedQuerySet):
-    def for_tenant(self, tenant):
-        tenant_id = tenant.pk if isinstance(tenant, Tenant) else tenant
-        return self.filter(models.Q(tenant_id=tenant_id) | models.Q(tenant__isnull=True))
-
-
-class TenantOrGlobalModel(models.Model):
-    tenant = models.ForeignKey(
-        Tenant,
-        null=True,
-        blank=True,
-        on_delete=models.CASCADE,
-        related_name="+",
-        help_text="Empty: every tenant.",
-    )
-
-    objects = TenantOrGlobalQuerySet.as_manager()
-
-    class Meta:
-        abstract = True
 
 
 class OperatorConfigured(models.Model):
