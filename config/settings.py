@@ -390,6 +390,11 @@ XAGENT_WORKSPACES_DIR = Path(_read("XAGENT_WORKSPACES_DIR", env.str, str(VAR_DIR
 XAGENT_LOOP_GUARD_REPEATS = _positive_int("XAGENT_LOOP_GUARD_REPEATS", 3)
 XAGENT_LOOP_GUARD_IDLE_ROUNDS = _positive_int("XAGENT_LOOP_GUARD_IDLE_ROUNDS", 6)
 XAGENT_MAX_STEPS_PER_TURN = _positive_int("XAGENT_MAX_STEPS_PER_TURN", 100)
+# Recall (skills_find, memory_search, memories at task setup): a dotted path to a scorer class
+# (skills_app/recall.py `Scorer`); the default is BM25 over names and descriptions / texts.
+XAGENT_RECALL_SCORER = _read("XAGENT_RECALL_SCORER", env.str, "skills_app.recall.BM25Scorer")
+# Long-term memories one user may keep in one tenant (memory_save refuses past it).
+XAGENT_MEMORY_MAX_PER_USER = _positive_int("XAGENT_MEMORY_MAX_PER_USER", 1000)
 # A runner holds a Session's lease this long past its last write or heartbeat; a runner lost
 # with its worker (a crash, SIGKILL) is replaced once it lapses.
 XAGENT_RUNNER_LEASE_SECONDS = _positive_int("XAGENT_RUNNER_LEASE_SECONDS", 60)

@@ -12,6 +12,7 @@ from .models import (
     Checkpoint,
     Delivery,
     Input,
+    Memory,
     Message,
     ModelCall,
     ModelConfig,
@@ -198,6 +199,25 @@ class CheckpointAdmin(ReadOnlyTenantScopedAdmin):
     ]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "status", "method"]
     search_fields = ["reason"]
+
+
+@admin.register(Memory)
+class MemoryAdmin(ReadOnlyTenantScopedAdmin):
+    """Users' long-term memories: admins read them (and may delete one, e.g. on request);
+    only the memory tools write them."""
+
+    list_display = ["short_text", "kind", "user", "tenant", "source_session", "updated_at"]
+    list_filter = ["kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["text", "user__username"]
+    list_select_related = ["user", "tenant"]
+    raw_id_fields = ["source_session"]
+
+    @admin.display(description="text")
+    def short_text(self, obj):
+        return obj.text if len(obj.text) <= 80 else obj.text[:79] + "…"
+
+    def has_delete_permission(self, request, obj=None):
+        return TenantScopedAdmin.has_delete_permission(self, request, obj)
 
 
 @admin.register(WorkerPresence)

@@ -57,3 +57,11 @@ class CallPurpose(models.TextChoices):
     TASK_RELATION = "task_relation", "Task relation"
     ORCHESTRATE = "orchestrate", "Orchestration"
     SUMMARY = "summary", "Summary"
+
+
+class MemoryKind(models.TextChoices):
+    ENTITY = "entity", "Entity"
+    TOPIC = "topic", "Topic"
+    PREFERENCE = "preference", "Preference"
+    CONSTRAINT = "constraint", "Constraint"
+    DECISION = "decision", "Decision"

@@ -15,6 +15,7 @@ from .choices import (
     CallPurpose,
     InputKind,
     InputStatus,
+    MemoryKind,
     PlanTaskStatus,
     Role,
     SessionKind,
@@ -152,6 +153,8 @@ class Turn(TenantOwnedModel):
     steps = models.PositiveIntegerField(default=0)
     # Loop-guard memory across steps and slices: {"failure_signature", "repeats", "idle_rounds"}.
     guard_state = models.JSONField(default=dict, blank=True)
+    # Memories recalled for this turn at task setup (ids; a memory deleted since drops out).
+    recalled_memory_ids = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 
@@ -435,3 +438,28 @@ class Delivery(TenantOwnedModel):
     @property
     def checks_ok(self) -> bool:
         return all(check.get("ok") for check in self.checks)
+
+
+class Memory(TenantOwnedModel):
+    """A long-term memory of one user in one tenant (never shared across users or tenants):
+    written by the `memory_save` tool, recalled at task setup of the user's later Sessions,
+    listed and deleted by the user (`/api/v1/memories/`)."""
+
+    MAX_TEXT = 2000
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memories")
+    kind = models.CharField(max_length=12, choices=MemoryKind.choices)
+    text = models.TextField(max_length=MAX_TEXT)
+    source_session = models.ForeignKey(
+        Session, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at", "-id"]
+        verbose_name_plural = "memories"
+        indexes = [models.Index(fields=["tenant", "user", "-updated_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.text[:60]}"

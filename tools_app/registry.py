@@ -9,8 +9,10 @@ from __future__ import annotations
 from .base import Tool
 from .native.discovery import ToolsFind, ToolsSelect
 from .native.files import FsDeleteFiles, FsEdit, FsList, FsRead, FsWrite
+from .native.memory import MemorySave, MemorySearch
 from .native.plan import PlanCreate, PlanUpdate, TaskComplete
 from .native.shell import ShellExec
+from .native.skills import SkillsFind, SkillsLoad
 
 NATIVE_TOOLS: dict[str, Tool] = {
     tool.name: tool
@@ -25,6 +27,10 @@ NATIVE_TOOLS: dict[str, Tool] = {
         TaskComplete(),
         ToolsFind(),
         ToolsSelect(),
+        SkillsFind(),
+        SkillsLoad(),
+        MemorySave(),
+        MemorySearch(),
         ShellExec(),
     )
 }
@@ -40,6 +46,10 @@ _DEFAULT_TOOL_NAMES = (
     "task_complete",
     "tools_find",
     "tools_select",
+    "skills_find",
+    "skills_load",
+    "memory_save",
+    "memory_search",
 )
 
 

@@ -3,12 +3,14 @@ from rest_framework.routers import SimpleRouter
 
 from .files import FILE_PARSERS, FILE_RENDERERS, JSONOnlyNegotiation
 from .longpoll import session_events
+from .memories import MemoryViewSet
 from .pagination import HistoryPagination
 from .views import ApprovalViewSet, SessionViewSet
 
 router = SimpleRouter()
 router.register("sessions", SessionViewSet, basename="session")
 router.register("approvals", ApprovalViewSet, basename="approval")
+router.register("memories", MemoryViewSet, basename="memory")
 
 SESSION = r"^sessions/(?P<pk>[^/.]+)"
 

@@ -27,6 +27,7 @@ from django.conf import settings
 
 from approvals_app import policy as approval_policy
 from config.parsers import json_depth_exceeds, json_max_depth
+from skills_app import catalog as skills_catalog
 from tools_app.base import ToolContext, ToolError
 from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool_names
 from tools_app.secrets import Redactor, StreamRedactor, tenant_secret_values
@@ -34,16 +35,24 @@ from tools_app.service import ApprovalRequired, ToolService
 
 from ..choices import CallPurpose, InputKind, TurnReason
 from ..models import Checkpoint, Message, ModelCall, Plan, Session, Turn
-from . import approvals, engine, summary
+from . import approvals, engine, memory, summary
 from .events import broadcast_delta
 from .llm.base import Cancelled, CancelSignal, ModelCallFailed, ModelResult
 from .llm.config import EffectiveModel, resolve_model
 from .llm.providers import provider_for
-from .llm.tokens import Calibration, context_budget, estimate_message_tokens, estimate_tools_tokens
+from .llm.tokens import (
+    Calibration,
+    context_budget,
+    estimate_message_tokens,
+    estimate_text_tokens,
+    estimate_tools_tokens,
+)
 
 logger = logging.getLogger(__name__)
 
 DELTA_FLUSH_S = 0.05
+# Loaded Skills' instructions may take at most this share of the context budget together.
+SKILL_SHARE_OF_BUDGET = 0.25
 INTERRUPT_POLL_S = 0.25
 
 
@@ -90,6 +99,85 @@ class RuntimeSessionPort:
         self.context.writer.forget()  # new tools: the next step re-reads them
         return added
 
+    def load_skills(self, refs: list[str]) -> dict:
+        """Attach Skills (add-only): their bodies are in every request from the next step on."""
+        context = self.context
+        found, unknown = skills_catalog.resolve(context.session.tenant_id, refs)
+        loaded_names = [skill.name for skill in context.loaded_skills]
+        room = int(context.budget * SKILL_SHARE_OF_BUDGET) - sum(
+            estimate_text_tokens(skill.body) for skill in context.loaded_skills
+        )
+        accepted, rejected = (
+            [],
+            [{"skill": ref, "reason": "no usable skill by that name or id"} for ref in unknown],
+        )
+        new_bodies = {
+            s.name: s for s in skills_catalog.loaded(context.session.tenant_id, [b.name for b in found])
+        }
+        for brief in found:
+            if brief.name not in loaded_names:
+                cost = estimate_text_tokens(new_bodies[brief.name].body) if brief.name in new_bodies else 0
+                if cost > room:
+                    rejected.append(
+                        {
+                            "skill": brief.name,
+                            "reason": f"its instructions (~{cost} tokens) do not fit the room this model "
+                            f"leaves for loaded skills (~{max(room, 0)} tokens)",
+                        }
+                    )
+                    continue
+                room -= cost
+            accepted.append(brief)
+        added = {"skills": []}
+        if accepted:
+            added = engine.add_selected_capabilities(
+                context.session_id, context.token, skills=[b.name for b in accepted], added_by="model"
+            )
+            context.writer.forget()  # the next step re-reads its Skills
+            # Calls later in this step may already read their resources.
+            context.loaded_skill_names = [*context.loaded_skill_names, *added.get("skills", [])]
+        return {
+            "accepted_skill_ids": [b.id for b in accepted],
+            "loaded": [
+                {
+                    "id": b.id,
+                    "name": b.name,
+                    "version": b.version,
+                    "already_loaded": b.name not in added.get("skills", []),
+                    "resources": [
+                        f"skills/{b.name}/{path}"
+                        for path, _ in (new_bodies[b.name].resources if b.name in new_bodies else ())
+                    ],
+                }
+                for b in accepted
+            ],
+            "rejected": rejected,
+        }
+
+    def loaded_skill_names(self) -> list[str]:
+        return list(self.context.loaded_skill_names)
+
+    def memory_save(self, text: str, kind: str) -> dict:
+        session = self.context.session
+        try:
+            saved, created = memory.save(
+                tenant_id=session.tenant_id,
+                user_id=session.owner_id,
+                text=text,
+                kind=kind,
+                source_session_id=session.pk,
+            )
+        except memory.MemoryRefused as exc:
+            raise ToolError(str(exc), code="memory_refused") from exc
+        return {**memory.as_dict(saved), "created": created}
+
+    def memory_search(self, query: str, kind: str | None, limit: int) -> list[dict]:
+        session = self.context.session
+        found = memory.search(
+            tenant_id=session.tenant_id, user_id=session.owner_id, query=query, kind=kind, limit=limit
+        )
+        return [memory.as_dict(m) for m in found]
+
 
 class SliceContext:
     """What a runner slice reads once and reuses step after step: the Session's facts, its
@@ -121,6 +209,13 @@ class SliceContext:
         self.model: EffectiveModel | None = None
         self.calibration: Calibration | None = None
         self.compaction_blocked_at: int | None = None
+        # Skills offered and loaded (configuration) and the memories recalled for the turn.
+        self.offered_skills: list = []
+        self.more_skills = 0
+        self.loaded_skills: list = []
+        self.memories: list = []
+        self._skills_text = ""
+        self.loaded_skill_names: list[str] = []
 
     @classmethod
     def for_slice(cls, session_id, token) -> SliceContext:
@@ -158,10 +253,11 @@ class SliceContext:
             self._read_configuration(session)
             self._configuration_key = key
         if turn_id != self.turn_id or not self.writer.current:
-            turn = Turn.objects.only("steps", "guard_state").get(pk=turn_id)
+            turn = Turn.objects.only("steps", "guard_state", "recalled_memory_ids").get(pk=turn_id)
             self.turn_id = turn_id
             self.progress = engine.TurnProgress(turn.steps, dict(turn.guard_state))
             self.progress_saved = engine.TurnProgress(turn.steps, dict(turn.guard_state))
+            self.memories = memory.texts(session.tenant_id, session.owner_id, turn.recalled_memory_ids)
         plan = Plan.objects.filter(session_id=self.session_id).prefetch_related("tasks").first()
         self.plan = plan.as_dict() if plan is not None else None
         self._read_compaction(session, turn_id)
@@ -218,6 +314,12 @@ class SliceContext:
         self.budget = context_budget(self.model.context_window, self.model.max_output_tokens)
         capabilities = engine.session_capabilities(session.pk)
         self.tools = resolve_available(tenant_id, capabilities["tools"], capabilities["toolsets"])
+        self.loaded_skills = skills_catalog.loaded(tenant_id, capabilities["skills"])
+        self.loaded_skill_names = [skill.name for skill in self.loaded_skills]
+        self.offered_skills, self.more_skills = skills_catalog.offered(
+            tenant_id, exclude=[skill.name for skill in self.loaded_skills]
+        )
+        self._skills_text = engine.skills_text(self.offered_skills, self.more_skills, self.loaded_skills)
         self.tool_schemas = [tool.openai_schema() for tool in self.tools.values()]
         self.tool_schemas_blob_id = engine.prompt_blob(
             tenant_id, "tool_schemas", json.dumps(self.tool_schemas, sort_keys=True)
@@ -241,7 +343,13 @@ class SliceContext:
         self._update_system_prompt()
 
     def _update_system_prompt(self) -> None:
-        text = engine.system_prompt(self.session, self.plan, engine.continuity_text(self.continuity_state))
+        text = engine.system_prompt(
+            self.session,
+            self.plan,
+            engine.continuity_text(self.continuity_state),
+            skills=self._skills_text,
+            memories=engine.memories_text(self.memories),
+        )
         if text == self._system_text:
             return
         self._system_text = text
@@ -271,6 +379,8 @@ class SliceContext:
                 "anchor_message_id": history.anchor_id,
                 "local_estimate": local_estimate,
                 "budget": self.budget,
+                "skills": {skill.name: skill.version for skill in self.loaded_skills},
+                "memory_ids": [m.pk for m in self.memories],
             },
             # What the budget is checked against: the provider's last report plus our estimate
             # of what was added since (llm/tokens.py).

@@ -456,6 +456,10 @@ def test_native_tools_declare_valid_strict_schemas_and_their_risk():
             "task_complete",
             "tools_find",
             "tools_select",
+            "skills_find",
+            "skills_load",
+            "memory_save",
+            "memory_search",
             "shell_exec",
         ]
     )
@@ -472,6 +476,9 @@ def test_native_tools_declare_valid_strict_schemas_and_their_risk():
     for name in ("plan_create", "plan_update", "task_complete", "tools_select"):
         assert risks[name][:2] == (Risk.WRITE, False)
     assert risks["tools_find"] == (Risk.READ, True, True)
+    assert risks["skills_find"] == risks["memory_search"] == (Risk.READ, True, True)
+    # Loading a Skill and saving a memory change facts, and doing either twice changes nothing more.
+    assert risks["skills_load"] == risks["memory_save"] == (Risk.WRITE, False, True)
     assert risks["shell_exec"][:2] == (Risk.EXTERNAL, False)
     # What recovery may run again after a lost runner (idempotent), and what it never does.
     assert risks["fs_write"][2] is True  # the whole content: writing it twice is writing it once
@@ -490,4 +497,8 @@ def test_default_tools_leave_out_the_destructive_delete():
         "task_complete",
         "tools_find",
         "tools_select",
+        "skills_find",
+        "skills_load",
+        "memory_save",
+        "memory_search",
     ]

@@ -9,6 +9,7 @@ path of the file actually changed.
 from __future__ import annotations
 
 import os
+import posixpath
 import stat
 import tempfile
 from pathlib import Path
@@ -58,6 +59,10 @@ def _read_text(path: Path, user_path: str) -> str:
             data = fh.read(MAX_READ_BYTES + 1)
     except OSError as exc:
         raise _os_error("read", user_path, exc) from exc
+    return _decode(data, user_path)
+
+
+def _decode(data: bytes, user_path: str) -> str:
     if len(data) > MAX_READ_BYTES:
         raise ToolError(f"{user_path!r} is over the {MAX_READ_BYTES:,}-byte limit", code="too_large")
     if b"\x00" in data[:8192]:
@@ -71,6 +76,60 @@ def _read_text(path: Path, user_path: str) -> str:
             f"{user_path!r} is not UTF-8 text (binary or another encoding; first bad byte at offset {exc.start})",
             code="binary_file",
         ) from exc
+
+
+# --- loaded Skills' resources: read-only under skills/<name>/ ---------------------------------
+
+SKILLS_DIR = "skills"
+
+
+def _skill_path(ctx: ToolContext, user_path: str) -> tuple[str, str] | None:
+    """(Skill name, path inside it) when `user_path` points into a loaded Skill's folder, which
+    the file tools show read-only in place of any workspace folder of that name."""
+    norm = posixpath.normpath(user_path.strip().replace("\\", "/"))
+    parts = norm.split("/")
+    if len(parts) < 2 or parts[0] != SKILLS_DIR or norm.startswith("/"):
+        return None
+    if parts[1] not in ctx.port.loaded_skill_names():
+        return None
+    return parts[1], "/".join(parts[2:])
+
+
+def _refuse_skill_write(ctx: ToolContext, user_path: str) -> None:
+    if _skill_path(ctx, user_path) is not None:
+        raise ToolError(
+            f"{user_path!r} is a file of a loaded skill, which is read-only; write your version to "
+            "another path (outside skills/)",
+            code="read_only",
+        )
+
+
+def _skill_entries(ctx: ToolContext, name: str, under: str) -> list[dict]:
+    from skills_app.catalog import loaded
+
+    entries = []
+    for skill in loaded(ctx.tenant_id, [name]):
+        for path, size in skill.resources:
+            if not under or path == under or path.startswith(under.rstrip("/") + "/"):
+                entries.append({"path": f"{SKILLS_DIR}/{skill.name}/{path}", "kind": "file", "size": size})
+    return entries
+
+
+def _read_skill_text(ctx: ToolContext, name: str, path: str, user_path: str) -> str:
+    from skills_app.catalog import ResourceNotFound, read_resource
+
+    try:
+        data = read_resource(ctx.tenant_id, name, path)
+    except ResourceNotFound as exc:
+        if not path or _skill_entries(ctx, name, path):
+            raise ToolError(
+                f"{user_path!r} is a folder of skill {name}; use fs_list", code="is_a_directory"
+            ) from exc
+        raise ToolError(
+            f"skill {name} has no file {path!r}; fs_list path='skills/{name}' lists its files",
+            code="not_found",
+        ) from exc
+    return _decode(data, user_path)
 
 
 def _write_text(path: Path, user_path: str, content: str) -> str:
@@ -126,7 +185,11 @@ class FsList(Tool):
 
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:
         under = args.get("path") or "."
-        entries = list_tree(ctx.workspace, under, max_entries=MAX_LIST_ENTRIES + 1)
+        skill = _skill_path(ctx, under)
+        if skill is not None:
+            entries = _skill_entries(ctx, *skill)
+        else:
+            entries = list_tree(ctx.workspace, under, max_entries=MAX_LIST_ENTRIES + 1)
         truncated = len(entries) > MAX_LIST_ENTRIES
         entries = entries[:MAX_LIST_ENTRIES]
         if not entries:
@@ -177,9 +240,14 @@ class FsRead(Tool):
 
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:
         user_path = args["path"]
-        path = resolve_in_workspace(ctx.workspace, user_path, must_exist=True)
-        text = _read_text(path, user_path)
-        rel = relative_posix(ctx.workspace, path)
+        skill = _skill_path(ctx, user_path)
+        if skill is not None:
+            text = _read_skill_text(ctx, *skill, user_path)
+            rel = f"{SKILLS_DIR}/{skill[0]}/{skill[1]}"
+        else:
+            path = resolve_in_workspace(ctx.workspace, user_path, must_exist=True)
+            text = _read_text(path, user_path)
+            rel = relative_posix(ctx.workspace, path)
         if text == "":
             return ToolResult(content=f"({rel} is empty)", summary=f"read {rel}: empty")
 
@@ -244,6 +312,7 @@ class FsWrite(Tool):
 
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:
         user_path, content = args["path"], args["content"]
+        _refuse_skill_write(ctx, user_path)
         path = resolve_in_workspace(ctx.workspace, user_path)
         op = _write_text(path, user_path, content)
         rel = relative_posix(ctx.workspace, path)
@@ -283,6 +352,7 @@ class FsEdit(Tool):
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:
         user_path, old, new = args["path"], args["old_text"], args["new_text"]
         replace_all = args.get("replace_all", False)
+        _refuse_skill_write(ctx, user_path)
         path = resolve_in_workspace(ctx.workspace, user_path, must_exist=True)
         text = _read_text(path, user_path)
         rel = relative_posix(ctx.workspace, path)
@@ -340,6 +410,7 @@ class FsDeleteFiles(Tool):
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:
         targets: list[tuple[str, Path]] = []
         for user_path in args["paths"]:
+            _refuse_skill_write(ctx, user_path)
             resolved = resolve_in_workspace(ctx.workspace, user_path, must_exist=True)
             # A symlink (already known to point inside) is deleted itself, never its target.
             trimmed = user_path.rstrip("/") or user_path

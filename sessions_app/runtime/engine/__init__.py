@@ -30,7 +30,9 @@ from .context import (
     CallOutcome,
     begin_model_call,
     end_model_call,
+    memories_text,
     prompt_blob,
+    skills_text,
     system_prompt,
 )
 from .fencing import LeaseLost, RunnerWriter, StaleSlice, lease_duration, locked_session
@@ -123,6 +125,7 @@ __all__ = [
     "has_pending_work",
     "input_text",
     "lease_duration",
+    "memories_text",
     "locked_session",
     "plan_compaction",
     "plan_create",
@@ -137,6 +140,7 @@ __all__ = [
     "session_capabilities",
     "set_status",
     "settle_pending_compaction",
+    "skills_text",
     "start_turn",
     "state_budget",
     "stored_calls",

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from ...choices import InputKind, Role, SessionStatus, TurnReason
 from ...models import Delivery, Input, Session, Turn
-from .. import deliveries
+from .. import deliveries, memory
 from ..events import emit
 from .fencing import RunnerWriter, locked_session
 from .history import append_message, record_tool_result, unanswered_calls
@@ -75,8 +75,24 @@ def start_turn(session_id, token, input: Input) -> Turn:
         session.current_turn = turn
         Session.objects.filter(pk=session.pk).update(current_turn=turn)
         emit(session, "turn.started", {"turn_id": turn.pk})
+        if input.kind == InputKind.MESSAGE:
+            _recall_memories(session, turn, input_text(input))
         set_status(session, SessionStatus.RUNNING)
     return turn
+
+
+def _recall_memories(session: Session, turn: Turn, request_text: str) -> None:
+    """Task setup: the owner's memories that fit the request are kept on the turn; every request
+    of the turn shows them (`memory.recalled` says which, an extension event)."""
+    if session.owner_id is None:
+        return
+    ids = memory.recall_for_task(
+        tenant_id=session.tenant_id, user_id=session.owner_id, request_text=request_text
+    )
+    if ids:
+        turn.recalled_memory_ids = ids
+        Turn.objects.filter(pk=turn.pk).update(recalled_memory_ids=ids)
+        emit(session, "memory.recalled", {"turn_id": turn.pk, "memory_ids": ids})
 
 
 def input_text(input: Input) -> str:

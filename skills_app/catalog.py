@@ -1,0 +1,134 @@
+"""Which Skills a tenant's Sessions see, and what loading one gives them (ARCHITECTURE §2,
+progressive disclosure): until a Skill is loaded only its name and description are offered;
+loading attaches its body (and read-only access to its resources) to the Session.
+
+A Skill is usable by a tenant when it is enabled and is the tenant's own or global; a tenant's
+Skill hides a global one of the same name. Loaded Skills are recorded on the Session by name
+(SessionEngine owns that), so a newer version or a disabled flag applies from the next request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .models import Skill, SkillFile
+from .recall import Document, rank
+
+# Offered by name and description in every request; past this, skills_find finds the rest.
+MAX_OFFERED = 30
+
+
+@dataclass(frozen=True)
+class SkillBrief:
+    id: int
+    name: str
+    description: str
+    version: int
+
+
+@dataclass(frozen=True)
+class LoadedSkill:
+    id: int
+    name: str
+    version: int
+    body: str
+    resources: tuple[tuple[str, int], ...]  # (path, size)
+
+
+def _usable(tenant_id: int, *, names=None):
+    rows = Skill.objects.for_tenant(tenant_id).filter(enabled=True)
+    if names is not None:
+        rows = rows.filter(name__in=list(names))
+    return rows
+
+
+def _effective(rows) -> list[Skill]:
+    """One Skill per name: the tenant's over the global one. Ordered by name."""
+    chosen: dict[str, Skill] = {}
+    for skill in sorted(rows, key=lambda s: s.tenant_id is not None):  # tenant rows last: they win
+        chosen[skill.name] = skill
+    return [chosen[name] for name in sorted(chosen)]
+
+
+def usable_skills(tenant_id: int) -> list[SkillBrief]:
+    rows = _usable(tenant_id).only("id", "name", "description", "version", "tenant_id")
+    return [SkillBrief(s.pk, s.name, s.description, s.version) for s in _effective(rows)]
+
+
+def offered(tenant_id: int, exclude=()) -> tuple[list[SkillBrief], int]:
+    """The Skills a request names (not loaded ones), at most MAX_OFFERED, and how many more exist."""
+    excluded = set(exclude)
+    briefs = [b for b in usable_skills(tenant_id) if b.name not in excluded]
+    return briefs[:MAX_OFFERED], max(0, len(briefs) - MAX_OFFERED)
+
+
+def find(tenant_id: int, query: str, exclude=(), limit: int = 10) -> list[SkillBrief]:
+    """Usable Skills matching `query`, best first (by the recall scorer over name and description)."""
+    excluded = set(exclude)
+    documents = [
+        Document(
+            ref=brief.name,
+            fields={"name": brief.name.replace("-", " "), "description": brief.description},
+            weights={"name": 2.0},
+            payload=brief,
+        )
+        for brief in usable_skills(tenant_id)
+        if brief.name not in excluded
+    ]
+    return [doc.payload for doc in rank(query, documents, limit)]
+
+
+def resolve(tenant_id: int, refs) -> tuple[list[SkillBrief], list[str]]:
+    """Split references a model gave (names, or ids as numbers or strings) into the usable Skills
+    they name and the ones that name nothing this tenant may use."""
+    refs = [str(r).strip() for r in refs]
+    ids = [int(r) for r in refs if r.isdigit()]
+    usable = usable_skills(tenant_id)
+    by_name = {b.name: b for b in usable}
+    by_id = {b.id: b for b in usable if b.id in ids}
+    found: dict[str, SkillBrief] = {}
+    unknown = []
+    for ref in refs:
+        brief = by_name.get(ref) or (by_id.get(int(ref)) if ref.isdigit() else None)
+        if brief is None:
+            unknown.append(ref)
+        else:
+            found.setdefault(brief.name, brief)
+    return list(found.values()), unknown
+
+
+def loaded(tenant_id: int, names) -> list[LoadedSkill]:
+    """The current body and resources of the named Skills still usable (two queries)."""
+    skills = _effective(_usable(tenant_id, names=names))
+    files: dict[int, list[tuple[str, int]]] = {}
+    version_ids = [s.current_version_id for s in skills if s.current_version_id]
+    for version_id, path, size in (
+        SkillFile.objects.filter(version_id__in=version_ids)
+        .order_by("path")
+        .values_list("version_id", "path", "size")
+    ):
+        files.setdefault(version_id, []).append((path, size))
+    order = {name: i for i, name in enumerate(names)}
+    return [
+        LoadedSkill(s.pk, s.name, s.version, s.body, tuple(files.get(s.current_version_id, ())))
+        for s in sorted(skills, key=lambda s: order.get(s.name, 0))
+    ]
+
+
+class ResourceNotFound(LookupError):
+    pass
+
+
+def read_resource(tenant_id: int, name: str, path: str) -> bytes:
+    """A resource file of the usable Skill `name` (its current version), by its exact path."""
+    skills = _effective(_usable(tenant_id, names=[name]))
+    if not skills or not skills[0].current_version_id:
+        raise ResourceNotFound(name)
+    content = (
+        SkillFile.objects.filter(version_id=skills[0].current_version_id, path=path)
+        .values_list("content", flat=True)
+        .first()
+    )
+    if content is None:
+        raise ResourceNotFound(path)
+    return bytes(content)

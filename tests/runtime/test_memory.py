@@ -1,0 +1,147 @@
+"""Long-term Memory through the real runtime with the scripted model: `memory_save` in one
+Session, recalled at task setup of another Session of the same user (a labelled block in the
+request, `memory.recalled`), never for another user of the tenant nor another tenant."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sessions_app.models import Memory, Message, ModelCall, SessionEvent
+from sessions_app.runtime import memory
+from tests.runtime.helpers import drive_until_idle, new_session, send
+from tests.support.model_server import text_reply, tool_call, tool_reply
+
+PREFERENCE = "Weekly reports go in Markdown tables, never in PDF."
+
+
+def _first_prompt(session) -> str:
+    call = ModelCall.objects.filter(session=session, purpose="agent").select_related("system_prompt").first()
+    return call.system_prompt.content
+
+
+def _result(session, call_id) -> Message:
+    return Message.objects.get(session=session, role="tool", tool_call_id=call_id)
+
+
+@pytest.fixture
+def saved_preference(tenant_a, owner_a, model_config_a, model_server):
+    """Session one: the model saves the user's preference."""
+    first = new_session(tenant_a, owner_a)
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("memory_save", {"text": PREFERENCE, "kind": "preference"}, id="save")]),
+        text_reply("noted"),
+    )
+    send(first, "From now on I want weekly reports as Markdown tables, never PDF.")
+    drive_until_idle(first)
+    return first
+
+
+def test_a_memory_saved_in_one_session_is_recalled_at_task_setup_of_the_next(
+    saved_preference, tenant_a, owner_a, model_server
+):
+    saved = Memory.objects.get()
+    assert (saved.tenant_id, saved.user_id, saved.kind, saved.text) == (
+        tenant_a.pk,
+        owner_a.pk,
+        "preference",
+        PREFERENCE,
+    )
+    assert saved.source_session_id == saved_preference.pk
+    assert json.loads(_result(saved_preference, "save").content)["created"] is True
+
+    second = new_session(tenant_a, owner_a)
+    model_server.script("agent", text_reply("here is the report"))
+    send(second, "Write this week's report on the support tickets")
+    drive_until_idle(second)
+
+    prompt = _first_prompt(second)
+    assert "Recalled memories" in prompt and f"[preference] {PREFERENCE}" in prompt
+    assert PREFERENCE in model_server.requests_for("agent")[-1].body["messages"][0]["content"]
+    recalled = SessionEvent.objects.get(session=second, type="memory.recalled").data
+    assert recalled["memory_ids"] == [saved.pk]
+    assert ModelCall.objects.filter(session=second, purpose="agent").first().fact_versions["memory_ids"] == [
+        saved.pk
+    ]
+
+
+def test_memories_are_never_recalled_for_another_user_or_tenant(
+    saved_preference, tenant_a, tenant_b, member_a, outsider_b, model_server
+):
+    from sessions_app.models import ModelConfig
+
+    ModelConfig.objects.create(
+        tenant=tenant_b,
+        name="scripted-b",
+        base_url=model_server.base_url,
+        model="scripted-model",
+        context_window=32000,
+        max_output_tokens=1024,
+        is_default=True,
+        configured_by_operator=True,
+    )
+    colleague = new_session(tenant_a, member_a)
+    stranger = new_session(tenant_b, outsider_b)
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("memory_search", {"query": "weekly reports markdown"}, id="search")]),
+        text_reply("ok"),
+        text_reply("ok"),
+    )
+    send(colleague, "Write the weekly report in Markdown")
+    drive_until_idle(colleague)
+    send(stranger, "Write the weekly report in Markdown")
+    drive_until_idle(stranger)
+    for session in (colleague, stranger):
+        assert PREFERENCE not in _first_prompt(session)
+        assert not SessionEvent.objects.filter(session=session, type="memory.recalled").exists()
+    assert _result(colleague, "search").content == "No memories match."
+    assert all(PREFERENCE not in json.dumps(r.body) for r in model_server.requests_for("agent")[2:])
+
+
+def test_saving_the_same_fact_again_refreshes_it_and_a_full_memory_refuses_clearly(
+    saved_preference, tenant_a, owner_a, model_server, settings
+):
+    settings.XAGENT_MEMORY_MAX_PER_USER = 2
+    again = new_session(tenant_a, owner_a)
+    model_server.script(
+        "agent",
+        tool_reply(
+            [
+                tool_call("memory_save", {"text": f"  {PREFERENCE} ", "kind": "preference"}, id="same"),
+                tool_call(
+                    "memory_save", {"text": "Alice owns the billing queue", "kind": "entity"}, id="two"
+                ),
+                tool_call("memory_save", {"text": "Use UTC in reports", "kind": "constraint"}, id="three"),
+                tool_call("memory_search", {"query": "who owns billing", "kind": "entity"}, id="search"),
+            ]
+        ),
+        text_reply("ok"),
+    )
+    send(again, "remember things")
+    drive_until_idle(again)
+    assert json.loads(_result(again, "same").content)["created"] is False
+    assert not _result(again, "two").is_error
+    full = _result(again, "three")
+    assert full.is_error and "memory_refused" in full.content and "delete" in full.content
+    assert Memory.objects.count() == 2
+    found = json.loads(_result(again, "search").content)
+    assert [m["text"] for m in found] == ["Alice owns the billing queue"]
+
+
+def test_recall_ranks_matches_first_and_keeps_standing_preferences(tenant_a, owner_a):
+    def save(text, kind):
+        return memory.save(tenant_id=tenant_a.pk, user_id=owner_a.pk, text=text, kind=kind)[0].pk
+
+    tickets = save("The support tickets export lives in tickets.csv", "topic")
+    save("Bob prefers short emails", "entity")
+    tz = save("All times in UTC", "constraint")
+    ids = memory.recall_for_task(
+        tenant_id=tenant_a.pk, user_id=owner_a.pk, request_text="summarise the tickets"
+    )
+    assert ids == [tickets, tz]  # the match, then the standing constraint; the unrelated entity stays out
+    assert (
+        memory.recall_for_task(tenant_id=tenant_a.pk, user_id=owner_a.pk + 999, request_text="tickets") == []
+    )

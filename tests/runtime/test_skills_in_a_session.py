@@ -1,0 +1,248 @@
+"""Skills in the loop (ARCHITECTURE §2, progressive disclosure), through the real runtime with
+the scripted model: only names and descriptions are offered; `skills_find` finds, `skills_load`
+attaches the body (the next request's evidence holds it) and opens its resources read-only under
+`skills/<name>/`; another tenant's Skill is never found nor loaded; loading never loads tools."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from sessions_app.models import Message, ModelCall, SessionCapability, SessionEvent
+from sessions_app.runtime import brain, engine
+from skills_app.models import Skill, SkillFile, SkillVersion
+from tests.runtime.helpers import assert_tool_pairs, drive_until_idle, new_session, send
+from tests.support.model_server import text_reply, tool_call, tool_reply
+
+# Read-only calls run in parallel threads with their own connections: they must see committed rows.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BODY = "# Research guide\n\nALWAYS cite three primary sources (marker: ZEBRA-7741)."
+
+
+def make_skill(tenant, name, description, body=BODY, files=None, *, enabled=True):
+    """A Skill as an import leaves it (the packaging tests cover imports themselves)."""
+    skill = Skill.objects.create(
+        tenant=tenant, name=name, description=description, body=body, enabled=enabled
+    )
+    skill_md = f"---\nname: {name}\ndescription: {description}\n---\n{body}\n".encode()
+    version = SkillVersion.objects.create(
+        skill=skill, number=1, skill_md=skill_md, sha256=hashlib.sha256(skill_md).hexdigest(), origin="paste"
+    )
+    for path, content in (files or {}).items():
+        SkillFile.objects.create(
+            version=version,
+            path=path,
+            content=content,
+            size=len(content),
+            sha256=hashlib.sha256(content).hexdigest(),
+        )
+    Skill.objects.filter(pk=skill.pk).update(current_version=version, version=1)
+    skill.refresh_from_db()
+    return skill
+
+
+@pytest.fixture
+def session(tenant_a, owner_a, model_config_a):
+    return new_session(tenant_a, owner_a)
+
+
+@pytest.fixture
+def research(tenant_a):
+    return make_skill(
+        tenant_a,
+        "research-guide",
+        "How to research a software topic and deliver a Markdown guide.",
+        files={"references/sources.md": b"# Sources\nofficial docs first\n", "scripts/run.sh": b"echo hi\n"},
+    )
+
+
+def _results(session) -> dict[str, Message]:
+    return {m.tool_call_id: m for m in Message.objects.filter(session=session, role="tool")}
+
+
+def _agent_calls(session):
+    return list(
+        ModelCall.objects.filter(session=session, purpose="agent")
+        .select_related("system_prompt")
+        .order_by("id")
+    )
+
+
+def test_a_skill_is_offered_by_name_then_found_loaded_and_its_body_is_in_the_next_request(
+    session, research, model_server
+):
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("skills_find", {"query": "research software topics"}, id="find")]),
+        tool_reply([tool_call("skills_load", {"skills": ["research-guide"]}, id="load")]),
+        tool_reply(
+            [tool_call("fs_read", {"path": "skills/research-guide/references/sources.md"}, id="read")]
+        ),
+        text_reply("done"),
+    )
+    send(session, "Research ComfyUI and deliver a Markdown guide")
+    drive_until_idle(session)
+
+    calls = _agent_calls(session)
+    assert len(calls) == 4
+    first, after_load = calls[0].system_prompt.content, calls[2].system_prompt.content
+    # Offered by name and description only, until loaded.
+    assert "research-guide: How to research a software topic" in first and "ZEBRA-7741" not in first
+    assert "ZEBRA-7741" not in calls[1].system_prompt.content  # the step that loads it
+    assert "ZEBRA-7741" in after_load and "skills/research-guide/references/sources.md" in after_load
+    assert calls[2].fact_versions["skills"] == {"research-guide": 1}
+    # ... and in what the model was actually sent.
+    sent = model_server.requests_for("agent")[2].body["messages"][0]["content"]
+    assert "ZEBRA-7741" in sent
+
+    results = _results(session)
+    found = json.loads(results["find"].content)
+    assert [f["name"] for f in found] == ["research-guide"] and "score" not in found[0]
+    loaded = json.loads(results["load"].content)
+    assert loaded["accepted_skill_ids"] == [research.pk]
+    assert loaded["loaded"][0]["resources"] == [
+        "skills/research-guide/references/sources.md",
+        "skills/research-guide/scripts/run.sh",
+    ]
+    assert "official docs first" in results["read"].content and not results["read"].is_error
+
+    assert list(
+        SessionCapability.objects.filter(session=session).values_list("kind", "name", "added_by")
+    ) == [("skill", "research-guide", "model")]
+    added = [e.data for e in SessionEvent.objects.filter(session=session, type="capabilities.added")]
+    assert added == [{"skills": ["research-guide"], "tools": [], "toolsets": []}]
+    assert_tool_pairs(session)
+
+
+def test_skill_resources_are_read_only_and_paths_cannot_escape(session, research, model_server):
+    (engine.workspace_path(session) / "notes.txt").write_text("mine")
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("skills_load", {"skills": [str(research.pk)]}, id="load")]),
+        tool_reply(
+            [
+                tool_call(
+                    "fs_write",
+                    {"path": "skills/research-guide/references/sources.md", "content": "x"},
+                    id="w",
+                ),
+                tool_call("fs_delete_files", {"paths": ["skills/research-guide/scripts/run.sh"]}, id="d"),
+                tool_call("fs_read", {"path": "skills/research-guide/../../../outside.txt"}, id="esc"),
+                tool_call("fs_read", {"path": "skills/research-guide/../../notes.txt"}, id="ws"),
+                tool_call("fs_read", {"path": "skills/research-guide/nope.md"}, id="missing"),
+                tool_call("fs_list", {"path": "skills/research-guide"}, id="list"),
+            ]
+        ),
+        text_reply("done"),
+    )
+    send(session, "go")
+    drive_until_idle(session)
+    results = _results(session)
+    assert results["w"].is_error and "read_only" in results["w"].content
+    assert results["d"].is_error  # refused (read-only, or destructive needing approval): never deleted
+    # Paths are normalised first: leaving the skill folder is leaving it (into the workspace),
+    # and leaving the workspace is refused as everywhere.
+    assert results["esc"].is_error and "path_escape" in results["esc"].content
+    assert not results["ws"].is_error and "mine" in results["ws"].content
+    assert results["missing"].is_error and "lists its files" in results["missing"].content
+    assert "skills/research-guide/scripts/run.sh" in results["list"].content
+    assert (
+        bytes(SkillFile.objects.get(path="references/sources.md").content)
+        == b"# Sources\nofficial docs first\n"
+    )
+    assert not (engine.workspace_path(session) / "skills").exists()
+
+
+def test_another_tenants_skill_is_never_offered_found_or_loaded(session, tenant_b, model_server):
+    make_skill(tenant_b, "bravo-secret-playbook", "Bravo research playbook for market analysis")
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("skills_find", {"query": "bravo research playbook market"}, id="find")]),
+        tool_reply([tool_call("skills_load", {"skills": ["bravo-secret-playbook"]}, id="load")]),
+        text_reply("done"),
+    )
+    send(session, "go")
+    drive_until_idle(session)
+    results = _results(session)
+    assert "bravo" not in results["find"].content.lower().replace("'bravo research playbook market'", "")
+    assert results["load"].is_error and "unknown_skill" in results["load"].content
+    assert not SessionCapability.objects.filter(session=session, kind="skill").exists()
+    assert all("bravo-secret-playbook" not in c.system_prompt.content for c in _agent_calls(session))
+
+
+def test_a_global_skill_is_usable_and_a_tenant_skill_of_the_same_name_wins(session, tenant_a, model_server):
+    make_skill(None, "house-style", "Global writing style", body="GLOBAL-BODY")
+    make_skill(tenant_a, "house-style", "Alpha writing style", body="ALPHA-BODY")
+    make_skill(None, "disabled-one", "Never offered", enabled=False)
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("skills_load", {"skills": ["house-style", "disabled-one"]}, id="load")]),
+        text_reply("done"),
+    )
+    send(session, "go")
+    drive_until_idle(session)
+    calls = _agent_calls(session)
+    assert (
+        "Alpha writing style" in calls[0].system_prompt.content
+        and "Never offered" not in calls[0].system_prompt.content
+    )
+    assert (
+        "ALPHA-BODY" in calls[1].system_prompt.content and "GLOBAL-BODY" not in calls[1].system_prompt.content
+    )
+    loaded = json.loads(_results(session)["load"].content)
+    assert [r["skill"] for r in loaded["rejected"]] == ["disabled-one"]
+
+
+def test_loading_a_skill_does_not_load_the_tools_it_mentions(session, tenant_a, model_server):
+    skill = make_skill(tenant_a, "cleanup", "Clean up old files", body="Use fs_delete_files and shell_exec.")
+    Skill.objects.filter(pk=skill.pk).update(allowed_tools="fs_delete_files shell_exec")
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("skills_load", {"skills": ["cleanup"]}, id="load")]),
+        text_reply("done"),
+    )
+    send(session, "go")
+    drive_until_idle(session)
+    tools_sent = [t["function"]["name"] for t in model_server.requests_for("agent")[1].body["tools"]]
+    assert "fs_delete_files" not in tools_sent and "shell_exec" not in tools_sent
+    assert "skills_load" in tools_sent
+
+
+def test_a_new_version_or_disabling_applies_from_the_next_request(session, research, model_server):
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("skills_load", {"skills": ["research-guide"]}, id="load")]),
+        tool_reply([tool_call("fs_list", {}, id="l1")]),
+        tool_reply([tool_call("fs_list", {}, id="l2")]),
+        text_reply("done"),
+    )
+    send(session, "go")
+    assert brain.drive(session.pk, max_steps=2) == "yielded"  # load, then the first fs_list
+    research.body = "NEW-BODY-V2"
+    research.version = 2
+    research.save()
+    assert brain.drive(session.pk, max_steps=1) == "yielded"
+    research.enabled = False
+    research.save()  # as admin does: the save bumps the tenant configuration
+    drive_until_idle(session)
+    prompts = [c.system_prompt.content for c in _agent_calls(session)]
+    assert "ZEBRA-7741" in prompts[1]
+    assert "NEW-BODY-V2" in prompts[2] and "ZEBRA-7741" not in prompts[2]
+    assert "NEW-BODY-V2" not in prompts[3]
+
+
+def test_a_skill_too_large_for_the_model_is_refused_with_the_reason(session, tenant_a, model_server):
+    make_skill(tenant_a, "huge", "A very long manual", body="word " * 200_000)
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("skills_load", {"skills": ["huge"]}, id="load")]),
+        text_reply("done"),
+    )
+    send(session, "go")
+    drive_until_idle(session)
+    result = _results(session)["load"]
+    assert result.is_error and "do not fit" in result.content
+    assert not SessionCapability.objects.filter(session=session, kind="skill").exists()
