@@ -1,3 +1,5 @@
+import json
+
 from rest_framework import serializers
 
 from approvals_app.actions import DECISIONS
@@ -253,6 +255,22 @@ class ModelCallSerializer(serializers.ModelSerializer):
             "started_at",
             "ended_at",
         ]
+
+
+class ModelCallDetailSerializer(ModelCallSerializer):
+    system_prompt = serializers.CharField(source="system_prompt.content", default="")
+    tools = serializers.SerializerMethodField()
+
+    class Meta(ModelCallSerializer.Meta):
+        fields = [*ModelCallSerializer.Meta.fields, "system_prompt", "tools"]
+
+    def get_tools(self, obj) -> list[str]:
+        if obj.tool_schemas is None:
+            return []
+        try:
+            return [tool["function"]["name"] for tool in json.loads(obj.tool_schemas.content)]
+        except (ValueError, KeyError, TypeError):
+            return []
 
 
 class ApprovalSerializer(serializers.Serializer):

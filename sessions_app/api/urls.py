@@ -51,5 +51,10 @@ urlpatterns = [
         SessionViewSet.as_view({"get": "delivery_detail"}),
         name="session-delivery",
     ),
+    re_path(
+        rf"{SESSION}/model-calls/(?P<call_id>[0-9]+)/$",
+        SessionViewSet.as_view({"get": "model_call_detail"}),
+        name="session-model-call",
+    ),
     *router.urls,
 ]

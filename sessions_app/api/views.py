@@ -6,7 +6,7 @@ from django.db.models import Q
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.response import Response
 
 from approvals_app.actions import AlreadyDecided
@@ -30,6 +30,7 @@ from .serializers import (
     InputAcceptedSerializer,
     InputCreateSerializer,
     MessageSerializer,
+    ModelCallDetailSerializer,
     ModelCallSerializer,
     PlanResponseSerializer,
     SessionSerializer,
@@ -215,6 +216,25 @@ class SessionViewSet(
             rows = rows.filter(purpose=purpose)
         page = self.paginate_queryset(rows)
         return self.get_paginated_response(ModelCallSerializer(page, many=True).data)
+
+    @extend_schema(
+        operation_id="sessions_model_calls_retrieve",
+        parameters=[OpenApiParameter("call_id", int, OpenApiParameter.PATH)],
+        responses=ModelCallDetailSerializer,
+    )
+    def model_call_detail(self, request, pk=None, call_id=None):
+        """One request's evidence with what it carried besides the history: the system prompt
+        as sent (goals, plan, loaded Skills, recalled memories, continuity state) and the tool
+        names offered. The history it sent is `first_message_id`..`last_message_id`."""
+        session = self.get_object()
+        call = (
+            ModelCall.objects.filter(session=session, pk=call_id)
+            .select_related("system_prompt", "tool_schemas")
+            .first()
+        )
+        if call is None:
+            raise NotFound("No model call matches the given query.")
+        return Response(ModelCallDetailSerializer(call).data)
 
     @extend_schema(
         parameters=[OpenApiParameter("status", str, enum=ApprovalStatus.values)],

@@ -15,6 +15,7 @@ from sessions_app.runtime import brain, engine
 from skills_app.models import Skill, SkillFile, SkillVersion
 from tests.runtime.helpers import assert_tool_pairs, drive_until_idle, new_session, send
 from tests.support.model_server import text_reply, tool_call, tool_reply
+from tests.tenancy.isolation import assert_cross_tenant_404
 
 # Read-only calls run in parallel threads with their own connections: they must see committed rows.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -72,7 +73,7 @@ def _agent_calls(session):
 
 
 def test_a_skill_is_offered_by_name_then_found_loaded_and_its_body_is_in_the_next_request(
-    session, research, model_server
+    session, research, model_server, api_owner_a, api_outsider_b
 ):
     model_server.script(
         "agent",
@@ -94,6 +95,16 @@ def test_a_skill_is_offered_by_name_then_found_loaded_and_its_body_is_in_the_nex
     assert "ZEBRA-7741" not in calls[1].system_prompt.content  # the step that loads it
     assert "ZEBRA-7741" in after_load and "skills/research-guide/references/sources.md" in after_load
     assert calls[2].fact_versions["skills"] == {"research-guide": 1}
+    # The evidence API shows it (and only to the Session's tenant).
+    evidence_url = f"/api/v1/sessions/{session.pk}/model-calls/{calls[2].pk}/"
+    evidence = api_owner_a.get(evidence_url).json()
+    assert "ZEBRA-7741" in evidence["system_prompt"] and evidence["fact_versions"]["skills"] == {
+        "research-guide": 1
+    }
+    assert "skills_load" in evidence["tools"] and "shell_exec" not in evidence["tools"]
+    assert_cross_tenant_404(api_outsider_b, evidence_url, methods=("get",), hidden=["ZEBRA-7741"])
+    other = new_session(session.tenant, session.owner)  # a call is found only under its own Session
+    assert api_owner_a.get(f"/api/v1/sessions/{other.pk}/model-calls/{calls[2].pk}/").status_code == 404
     # ... and in what the model was actually sent.
     sent = model_server.requests_for("agent")[2].body["messages"][0]["content"]
     assert "ZEBRA-7741" in sent
