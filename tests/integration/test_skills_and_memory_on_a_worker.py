@@ -35,7 +35,10 @@ def worker(tmp_path):
 
 def _run(client, worker, text: str, title: str) -> str:
     session_id = client.post("/api/v1/sessions/", {"title": title}, format="json").json()["id"]
-    assert client.post(f"/api/v1/sessions/{session_id}/inputs/", {"text": text}, format="json").status_code == 202
+    assert (
+        client.post(f"/api/v1/sessions/{session_id}/inputs/", {"text": text}, format="json").status_code
+        == 202
+    )
     wait_for(lambda: Turn.objects.filter(session_id=session_id).exclude(reason="").exists(), worker)
     assert Turn.objects.get(session_id=session_id).reason == "completed"
     return session_id
@@ -69,7 +72,9 @@ def test_an_imported_skill_is_found_loaded_and_a_memory_carries_to_the_next_sess
     evidence = _evidence(api_owner_a, first)
     assert len(evidence) == 4
     assert marker not in evidence[1]["system_prompt"] and "research-guide:" in evidence[0]["system_prompt"]
-    assert marker in evidence[2]["system_prompt"] and evidence[2]["fact_versions"]["skills"] == {"research-guide": 1}
+    assert marker in evidence[2]["system_prompt"] and evidence[2]["fact_versions"]["skills"] == {
+        "research-guide": 1
+    }
     find_result = api_owner_a.get(f"/api/v1/sessions/{first}/messages/").json()["results"]
     found = json.loads(next(m["content"] for m in find_result if m["tool_call_id"] == "find"))
     assert [f["name"] for f in found] == ["research-guide"]
