@@ -35,24 +35,24 @@ class LoadedSkill:
     resources: tuple[tuple[str, int], ...]  # (path, size)
 
 
-def _usable(tenant_id: int, *, names=None):
-    rows = Skill.objects.for_tenant(tenant_id).filter(enabled=True)
+def _usable(tenant_id: int, *, names=None, fields=None) -> list[Skill]:
+    """Enabled Skills by name, one per name: the tenant's own hides a global one of the same name
+    (even when the tenant's is disabled: turning your own off does not bring the operator's
+    back). Ordered by name."""
+    rows = Skill.objects.for_tenant(tenant_id)
     if names is not None:
         rows = rows.filter(name__in=list(names))
-    return rows
-
-
-def _effective(rows) -> list[Skill]:
-    """One Skill per name: the tenant's over the global one. Ordered by name."""
+    if fields:
+        rows = rows.only(*fields, "name", "tenant_id", "enabled")
     chosen: dict[str, Skill] = {}
     for skill in sorted(rows, key=lambda s: s.tenant_id is not None):  # tenant rows last: they win
         chosen[skill.name] = skill
-    return [chosen[name] for name in sorted(chosen)]
+    return [chosen[name] for name in sorted(chosen) if chosen[name].enabled]
 
 
 def usable_skills(tenant_id: int) -> list[SkillBrief]:
-    rows = _usable(tenant_id).only("id", "name", "description", "version", "tenant_id")
-    return [SkillBrief(s.pk, s.name, s.description, s.version) for s in _effective(rows)]
+    rows = _usable(tenant_id, fields=("id", "description", "version"))
+    return [SkillBrief(s.pk, s.name, s.description, s.version) for s in rows]
 
 
 def offered(tenant_id: int, exclude=()) -> tuple[list[SkillBrief], int]:
@@ -99,7 +99,7 @@ def resolve(tenant_id: int, refs) -> tuple[list[SkillBrief], list[str]]:
 
 def loaded(tenant_id: int, names) -> list[LoadedSkill]:
     """The current body and resources of the named Skills still usable (two queries)."""
-    skills = _effective(_usable(tenant_id, names=names))
+    skills = _usable(tenant_id, names=names)
     files: dict[int, list[tuple[str, int]]] = {}
     version_ids = [s.current_version_id for s in skills if s.current_version_id]
     for version_id, path, size in (
@@ -121,7 +121,7 @@ class ResourceNotFound(LookupError):
 
 def read_resource(tenant_id: int, name: str, path: str) -> bytes:
     """A resource file of the usable Skill `name` (its current version), by its exact path."""
-    skills = _effective(_usable(tenant_id, names=[name]))
+    skills = _usable(tenant_id, names=[name], fields=("current_version",))
     if not skills or not skills[0].current_version_id:
         raise ResourceNotFound(name)
     content = (

@@ -188,9 +188,14 @@ def test_a_global_skill_is_usable_and_a_tenant_skill_of_the_same_name_wins(sessi
     make_skill(None, "house-style", "Global writing style", body="GLOBAL-BODY")
     make_skill(tenant_a, "house-style", "Alpha writing style", body="ALPHA-BODY")
     make_skill(None, "disabled-one", "Never offered", enabled=False)
+    # A tenant that turns its own Skill off does not get the operator's of the same name instead.
+    make_skill(None, "shadowed", "Global shadowed style")
+    make_skill(tenant_a, "shadowed", "Alpha shadowed style", enabled=False)
     model_server.script(
         "agent",
-        tool_reply([tool_call("skills_load", {"skills": ["house-style", "disabled-one"]}, id="load")]),
+        tool_reply(
+            [tool_call("skills_load", {"skills": ["house-style", "disabled-one", "shadowed"]}, id="load")]
+        ),
         text_reply("done"),
     )
     send(session, "go")
@@ -204,7 +209,8 @@ def test_a_global_skill_is_usable_and_a_tenant_skill_of_the_same_name_wins(sessi
         "ALPHA-BODY" in calls[1].system_prompt.content and "GLOBAL-BODY" not in calls[1].system_prompt.content
     )
     loaded = json.loads(_results(session)["load"].content)
-    assert [r["skill"] for r in loaded["rejected"]] == ["disabled-one"]
+    assert [r["skill"] for r in loaded["rejected"]] == ["disabled-one", "shadowed"]
+    assert "shadowed style" not in calls[0].system_prompt.content
 
 
 def test_loading_a_skill_does_not_load_the_tools_it_mentions(session, tenant_a, model_server):
