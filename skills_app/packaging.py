@@ -162,10 +162,10 @@ def max_bytes() -> int:
     return settings.XAGENT_SKILL_MAX_BYTES
 
 
-def _too_many_files(count: int) -> SkillPackageError:
+def _too_many_files() -> SkillPackageError:
     return SkillPackageError.one(
         "files",
-        f"the skill has {count} files; at most {max_files()} are accepted (XAGENT_SKILL_MAX_FILES, SKILL.md included)",
+        f"the skill has more than {max_files()} files (XAGENT_SKILL_MAX_FILES, SKILL.md included)",
     )
 
 
@@ -326,7 +326,7 @@ def parse_skill_md(data: bytes, *, folder: str | None = None) -> ParsedSkill:
 def validate_package(package: SkillPackage) -> ParsedSkill:
     """Everything an import checks before it writes: the limits, the paths, SKILL.md."""
     if len(package.files) + 1 > max_files():
-        raise _too_many_files(len(package.files) + 1)
+        raise _too_many_files()
     total = len(package.skill_md) + sum(len(f.content) for f in package.files)
     if total > max_bytes():
         raise _too_large()
@@ -401,7 +401,7 @@ def read_folder(path: str | os.PathLike) -> SkillPackage:
                 elif entry.is_file(follow_symlinks=False):
                     _check_path(rel, "files")
                     if len(found) + 1 > max_files():
-                        raise _too_many_files(len(found) + 1)
+                        raise _too_many_files()
                     found[rel] = _read_regular_file(entry.path, rel, budget)
                 else:
                     raise SkillPackageError.one("files", f"{rel} is not a regular file")
@@ -451,7 +451,7 @@ def read_zip(source: bytes | io.IOBase) -> SkillPackage:
                 raise SkillPackageError.one("archive", f"entry {name} is not a regular file")
             entries.append((info, parts, bool(mode & 0o111)))
         if len(entries) > max_files():
-            raise _too_many_files(len(entries))
+            raise _too_many_files()
         # Header sizes are only a first filter (they can lie): the budget counts real bytes.
         if sum(info.file_size for info, _, _ in entries) > max_bytes():
             raise _too_large()
