@@ -469,6 +469,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Several resources have a `source`; each enumeration gets its own component name.
+    "ENUM_NAME_OVERRIDES": {"SkillSourceEnum": "skills_app.choices.SkillSource"},
 }
 
 # --- logging -----------------------------------------------------------------------------------
