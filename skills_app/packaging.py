@@ -495,6 +495,18 @@ def _assemble(found: dict[str, tuple[bytes, bool]], *, folder: str | None, key: 
     return SkillPackage(skill_md=skill_md, files=files, folder=folder)
 
 
+def read_upload(upload) -> SkillPackage:
+    """A package from an uploaded zip (a Django UploadedFile). A compressed archive over twice the
+    uncompressed limit is refused before it is opened."""
+    size = getattr(upload, "size", None)
+    if size is not None and size > 2 * max_bytes():
+        raise SkillPackageError.one(
+            "archive",
+            f"the zip is {size} bytes; at most {2 * max_bytes()} are accepted (2 × XAGENT_SKILL_MAX_BYTES)",
+        )
+    return read_zip(upload)
+
+
 def read_path(path: str | os.PathLike) -> tuple[SkillPackage, str]:
     """A folder or a `.zip` file; returns (package, origin)."""
     if os.path.isdir(path):
@@ -603,23 +615,32 @@ def import_package(
     return ImportResult(current, version, status)
 
 
-def import_skill_md(skill: Skill, text: str, *, by: str = "") -> ImportResult:
-    """A new version of `skill` from a pasted SKILL.md, keeping the current version's resources."""
+def package_with_skill_md(skill: Skill, text: str) -> SkillPackage:
+    """The package a pasted SKILL.md makes for `skill`: the text, and the current version's resources."""
     pasted = read_skill_md(text)
     files = tuple(
-        PackageFile(path, bytes(content), executable) for path, content, executable in _resource_rows(skill)
+        PackageFile(path, content, executable) for path, content, executable in _resource_rows(skill)
     )
-    package = SkillPackage(skill_md=pasted.skill_md, files=files)
+    return SkillPackage(skill_md=pasted.skill_md, files=files)
+
+
+def import_skill_md(skill: Skill, text: str, *, by: str = "") -> ImportResult:
+    """A new version of `skill` from a pasted SKILL.md, keeping the current version's resources."""
+    package = package_with_skill_md(skill, text)
     return import_package(package, skill=skill, by=by, origin=SkillVersion.Origin.PASTE)
 
 
 def set_enabled(skill: Skill, enabled: bool) -> bool:
-    """Switch a Skill on or off; returns whether it changed."""
-    if skill.enabled == enabled:
-        return False
+    """Switch a Skill on or off (compared with the stored value); returns whether it changed."""
+    with transaction.atomic():
+        locked = Skill.objects.select_for_update().get(pk=skill.pk)
+        changed = locked.enabled != enabled
+        if changed:
+            locked.enabled = enabled
+            locked.save(update_fields=["enabled", "updated_at"])
     skill.enabled = enabled
-    skill.save(update_fields=["enabled", "updated_at"])
-    return True
+    skill.updated_at = locked.updated_at
+    return changed
 
 
 def delete_skills(skills: Iterable[Skill]) -> int:
