@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from skills_app import packaging
 from skills_app.models import Skill, SkillVersion
 
 from .helpers import FIXTURE_NAMES, FIXTURES, folder_files, make_zip, skill_md, symlink_zip
@@ -146,3 +147,19 @@ def test_the_real_command_exit_codes_and_stdout(tmp_path):
     refused = manage("skill_import", str(bad), "--tenant", "acme")
     assert refused.returncode != 0 and refused.stdout == ""
     assert "archive: entry demo-skill/../x escapes the skill folder" in refused.stderr
+
+
+def test_seed_demo_imports_the_three_skills_once(settings, tmp_path):
+    settings.XAGENT_WORKSPACES_DIR = tmp_path / "workspaces"
+    first, _ = run("seed_demo")
+    skill = Skill.objects.get(tenant__slug="demo", name="research-guide")
+    packaging.import_skill_md(skill, skill_md("research-guide", body="# Edited by an admin\n"))
+
+    second, _ = run("seed_demo")
+
+    assert "Demo skills: csv-cleanup, pdf-report, research-guide" in first and first == second
+    assert Skill.objects.filter(tenant__slug="demo").count() == 3
+    assert SkillVersion.objects.filter(skill__tenant__slug="demo").count() == 4
+    skill.refresh_from_db()
+    assert skill.version == 2 and skill.body == "# Edited by an admin"
+    assert skill.versions.get(number=1).origin == "seed"
