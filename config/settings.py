@@ -415,6 +415,10 @@ if XAGENT_PRESENCE_TIMEOUT_SECONDS < 2 * XAGENT_PRESENCE_BEAT_SECONDS:
 XAGENT_UPLOAD_MAX_BYTES = _positive_int("XAGENT_UPLOAD_MAX_BYTES", 25 * 1024 * 1024)
 XAGENT_WORKSPACE_MAX_FILES = _positive_int("XAGENT_WORKSPACE_MAX_FILES", 2000)
 XAGENT_WORKSPACE_MAX_BYTES = _positive_int("XAGENT_WORKSPACE_MAX_BYTES", 500 * 1024 * 1024)
+# What one Skill package may hold (folder or zip, SKILL.md included): files, and bytes counted
+# while decompressing (a zip's declared sizes are not trusted).
+XAGENT_SKILL_MAX_FILES = _positive_int("XAGENT_SKILL_MAX_FILES", 100)
+XAGENT_SKILL_MAX_BYTES = _positive_int("XAGENT_SKILL_MAX_BYTES", 5 * 1024 * 1024)
 
 # --- REST framework ----------------------------------------------------------------------------
 
@@ -470,6 +474,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Several resources have a `source`; each enumeration gets its own component name.
+    "ENUM_NAME_OVERRIDES": {"SkillSourceEnum": "skills_app.choices.SkillSource"},
 }
 
 # --- logging -----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ api_v1 = [
     path("", include("tenancy_app.api.urls")),
     path("", include("sessions_app.api.urls")),
     path("", include("tools_app.api.urls")),
+    path("", include("skills_app.api.urls")),
     path("healthz", views.healthz),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]

@@ -5,13 +5,17 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+import skills_app
 from sessions_app.models import Session
 from sessions_app.runtime import brain, engine
+from skills_app.models import Skill, SkillVersion
+from skills_app.packaging import import_package, read_folder
 from tenancy_app.actions import do_create_tenant, do_create_user
 from tenancy_app.choices import Role
 from tools_app.models import Tool, ToolSet
 
 DEMO_DATA = Path(__file__).resolve().parents[2] / "demo_data"
+DEMO_SKILLS = Path(skills_app.__file__).resolve().parent / "demo_data" / "skills"
 DEMO_SESSION_TITLE = "Support weekly report (demo)"
 DEMO_TASK = (
     "tickets.csv holds last week's support tickets. Build an HTML weekly KPI report (report.html) and a "
@@ -42,8 +46,10 @@ class Command(BaseCommand):
         with transaction.atomic():
             tenant, _ = do_create_tenant(DEMO_TENANT, "Demo workspace")
             user, created = do_create_user(DEMO_USER, tenant, Role.OWNER, password)
+        skills = self._demo_skills(tenant)
         demo_session = self._demo_session(tenant, user)
         self.stdout.write(f"Demo tenant: {tenant.slug}")
+        self.stdout.write(f"Demo skills: {', '.join(skills)}")
         self.stdout.write(f"Demo session: {demo_session.pk} ({DEMO_SESSION_TITLE})")
         if password is not None:
             self.stdout.write(f"Login: {DEMO_USER} / {password}")
@@ -53,6 +59,18 @@ class Command(BaseCommand):
             )
         else:
             self.stdout.write(f"Login: {DEMO_USER} (password unchanged)")
+
+    def _demo_skills(self, tenant) -> list[str]:
+        """The demo tenant's Skills (research-guide, pdf-report, csv-cleanup), imported once: a
+        Skill that already exists is left as it is, so an admin's new versions survive a re-seed."""
+        names = []
+        for folder in sorted(path for path in DEMO_SKILLS.iterdir() if path.is_dir()):
+            if not Skill.objects.filter(tenant=tenant, name=folder.name).exists():
+                import_package(
+                    read_folder(folder), tenant=tenant, by="seed_demo", origin=SkillVersion.Origin.SEED
+                )
+            names.append(folder.name)
+        return names
 
     def _demo_session(self, tenant, user):
         """The S1 demo: a Session with tickets.csv uploaded and the report task queued (once)."""

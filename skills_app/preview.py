@@ -1,0 +1,25 @@
+"""A Skill body as safe HTML for admin: markdown-it (raw HTML off), then nh3 with an allow-list,
+the same recipe as the workspace's Markdown previews (skills_app cannot import sessions_app)."""
+
+from __future__ import annotations
+
+ALLOWED_TAGS = {
+    "a", "abbr", "b", "blockquote", "br", "code", "del", "em", "h1", "h2", "h3", "h4", "h5", "h6",
+    "hr", "i", "li", "ol", "p", "pre", "s", "strong", "sub", "sup", "table", "tbody", "td", "th",
+    "thead", "tr", "ul",
+}  # fmt: skip
+
+
+def render_markdown(text: str) -> str:
+    import nh3
+    from markdown_it import MarkdownIt
+
+    rendered = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    # No images from elsewhere (a preview must not call out); links open nothing in this window.
+    return nh3.clean(
+        rendered,
+        tags=ALLOWED_TAGS,
+        attributes={"a": {"href", "title"}, "th": {"align"}, "td": {"align"}},
+        url_schemes={"http", "https", "mailto"},
+        link_rel="noopener noreferrer nofollow",
+    )
