@@ -5,14 +5,14 @@ attaches the body (the next request's evidence holds it) and opens its resources
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import pytest
 
 from sessions_app.models import Message, ModelCall, SessionCapability, SessionEvent
 from sessions_app.runtime import brain, engine
-from skills_app.models import Skill, SkillFile, SkillVersion
+from skills_app.models import SkillFile
+from skills_app.packaging import PackageFile, SkillPackage, import_package, import_skill_md, set_enabled
 from tests.runtime.helpers import assert_tool_pairs, drive_until_idle, new_session, send
 from tests.support.model_server import text_reply, tool_call, tool_reply
 from tests.tenancy.isolation import assert_cross_tenant_404
@@ -23,25 +23,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 BODY = "# Research guide\n\nALWAYS cite three primary sources (marker: ZEBRA-7741)."
 
 
-def make_skill(tenant, name, description, body=BODY, files=None, *, enabled=True):
-    """A Skill as an import leaves it (the packaging tests cover imports themselves)."""
-    skill = Skill.objects.create(
-        tenant=tenant, name=name, description=description, body=body, enabled=enabled
+def make_skill(tenant, name, description, body=BODY, files=None, *, enabled=True, extra=""):
+    """A Skill imported as an admin would import it (packaging is the one writer of Skills)."""
+    skill_md = f"---\nname: {name}\ndescription: {description}\n{extra}---\n{body}\n".encode()
+    package = SkillPackage(
+        skill_md, tuple(PackageFile(path, content) for path, content in (files or {}).items())
     )
-    skill_md = f"---\nname: {name}\ndescription: {description}\n---\n{body}\n".encode()
-    version = SkillVersion.objects.create(
-        skill=skill, number=1, skill_md=skill_md, sha256=hashlib.sha256(skill_md).hexdigest(), origin="paste"
-    )
-    for path, content in (files or {}).items():
-        SkillFile.objects.create(
-            version=version,
-            path=path,
-            content=content,
-            size=len(content),
-            sha256=hashlib.sha256(content).hexdigest(),
-        )
-    Skill.objects.filter(pk=skill.pk).update(current_version=version, version=1)
-    skill.refresh_from_db()
+    skill = import_package(package, tenant=tenant, by="test").skill
+    if not enabled:
+        set_enabled(skill, False)
     return skill
 
 
@@ -214,8 +204,13 @@ def test_a_global_skill_is_usable_and_a_tenant_skill_of_the_same_name_wins(sessi
 
 
 def test_loading_a_skill_does_not_load_the_tools_it_mentions(session, tenant_a, model_server):
-    skill = make_skill(tenant_a, "cleanup", "Clean up old files", body="Use fs_delete_files and shell_exec.")
-    Skill.objects.filter(pk=skill.pk).update(allowed_tools="fs_delete_files shell_exec")
+    make_skill(
+        tenant_a,
+        "cleanup",
+        "Clean up old files",
+        body="Use fs_delete_files and shell_exec.",
+        extra="allowed-tools: fs_delete_files shell_exec\n",
+    )
     model_server.script(
         "agent",
         tool_reply([tool_call("skills_load", {"skills": ["cleanup"]}, id="load")]),
@@ -238,14 +233,15 @@ def test_a_new_version_or_disabling_applies_from_the_next_request(session, resea
     )
     send(session, "go")
     assert brain.drive(session.pk, max_steps=2) == "yielded"  # load, then the first fs_list
-    research.body = "NEW-BODY-V2"
-    research.version = 2
-    research.save()
+    import_skill_md(
+        research, "---\nname: research-guide\ndescription: Research, version two.\n---\nNEW-BODY-V2\n"
+    )
     assert brain.drive(session.pk, max_steps=1) == "yielded"
-    research.enabled = False
-    research.save()  # as admin does: the save bumps the tenant configuration
+    set_enabled(research, False)
     drive_until_idle(session)
-    prompts = [c.system_prompt.content for c in _agent_calls(session)]
+    calls = _agent_calls(session)
+    assert [c.fact_versions["skills"] for c in calls] == [{}, {"research-guide": 1}, {"research-guide": 2}, {}]
+    prompts = [c.system_prompt.content for c in calls]
     assert "ZEBRA-7741" in prompts[1]
     assert "NEW-BODY-V2" in prompts[2] and "ZEBRA-7741" not in prompts[2]
     assert "NEW-BODY-V2" not in prompts[3]
