@@ -23,6 +23,8 @@ SKILL_NAME_PATTERN = r"^[a-z0-9]+(-[a-z0-9]+)*$"
 MAX_NAME_LENGTH = 64
 MAX_DESCRIPTION_LENGTH = 1024
 MAX_COMPATIBILITY_LENGTH = 500
+MAX_LICENSE_LENGTH = 500
+MAX_ALLOWED_TOOLS_LENGTH = 2000
 
 skill_name_validator = RegexValidator(
     SKILL_NAME_PATTERN,
@@ -37,11 +39,11 @@ class Skill(TenantOrGlobalModel):
     name = models.CharField(max_length=MAX_NAME_LENGTH, validators=[skill_name_validator])
     description = models.TextField(max_length=MAX_DESCRIPTION_LENGTH)
     body = models.TextField(blank=True, help_text="The markdown instructions after the frontmatter.")
-    license = models.CharField(max_length=500, blank=True)
+    license = models.CharField(max_length=MAX_LICENSE_LENGTH, blank=True)
     compatibility = models.CharField(max_length=MAX_COMPATIBILITY_LENGTH, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     allowed_tools = models.CharField(
-        max_length=2000,
+        max_length=MAX_ALLOWED_TOOLS_LENGTH,
         blank=True,
         help_text="`allowed-tools` as written (space-separated). Informational: loading a Skill never loads tools.",
     )

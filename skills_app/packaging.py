@@ -38,8 +38,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 
 from .models import (
+    MAX_ALLOWED_TOOLS_LENGTH,
     MAX_COMPATIBILITY_LENGTH,
     MAX_DESCRIPTION_LENGTH,
+    MAX_LICENSE_LENGTH,
     MAX_NAME_LENGTH,
     SKILL_NAME_PATTERN,
     Skill,
@@ -287,9 +289,11 @@ def parse_skill_md(data: bytes, *, folder: str | None = None) -> ParsedSkill:
         refuse("description", f"at most {MAX_DESCRIPTION_LENGTH} characters ({len(description)} given)")
 
     # An optional field left empty (`license:`) counts as absent.
-    for key in ("license", "allowed-tools"):
+    for key, limit in (("license", MAX_LICENSE_LENGTH), ("allowed-tools", MAX_ALLOWED_TOOLS_LENGTH)):
         if values.get(key) is not None and not isinstance(values[key], str):
             refuse(key, "must be a string")
+        elif len(values.get(key) or "") > limit:
+            refuse(key, f"at most {limit} characters ({len(values[key])} given)")
     compatibility = values.get("compatibility")
     if compatibility is not None:
         if not isinstance(compatibility, str):

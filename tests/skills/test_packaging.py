@@ -151,6 +151,9 @@ class TestSkillMdValidation:
             (skill_md(extra="version: 1\n"), "frontmatter"),
             (skill_md(extra="name: again\n"), "frontmatter"),
             (skill_md(extra="compatibility: " + "c" * 501 + "\n"), "compatibility"),
+            # Longer than their columns: refused with the field, never a database error.
+            (skill_md(extra="license: " + "l" * 501 + "\n"), "license"),
+            (skill_md(extra="allowed-tools: " + "t " * 1001 + "\n"), "allowed-tools"),
             (skill_md(extra="metadata: [a, b]\n"), "metadata"),
             (skill_md(extra="metadata:\n  version: 1.0\n"), "metadata"),
             (skill_md(extra="license: [MIT]\n"), "license"),
