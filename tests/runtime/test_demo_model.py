@@ -100,6 +100,31 @@ def test_a_finished_report_is_answered_with_its_headline_numbers(session):
     assert_tool_pairs(session)
 
 
+def test_an_offered_report_skill_is_loaded_first_then_the_report_is_played(session, tenant_a):
+    from skills_app import packaging
+
+    demo_skill = Path(packaging.__file__).parent / "demo_data" / "skills" / "support-weekly-report"
+    packaging.import_package(packaging.read_folder(demo_skill), tenant=tenant_a, by="test")
+    _upload_tickets(session)
+    send(session, ASK)
+    drive_until_idle(session)
+
+    assert Turn.objects.get(session=session).reason == "completed"
+    names = [c["name"] for c in _calls(session)]
+    assert names[:3] == ["skills_load", "plan_create", "fs_read"] and names.count("skills_load") == 1
+    load = Message.objects.get(
+        session=session, role="tool", tool_call_id=_calls(session, "skills_load")[0]["id"]
+    )
+    assert '"accepted_skill_ids"' in load.content and not load.is_error
+    assert session.capabilities.filter(kind="skill", name="support-weekly-report").exists()
+    for number in _headline_numbers().values():
+        assert number in _answer(session)
+    # A second report in the same Session does not load it again (it is no longer offered).
+    send(session, ASK)
+    drive_until_idle(session)
+    assert [c["name"] for c in _calls(session)].count("skills_load") == 1
+
+
 def test_without_tickets_csv_it_says_so_and_claims_no_report(session):
     send(session, ASK)
     drive_until_idle(session)

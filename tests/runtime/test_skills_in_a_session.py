@@ -240,7 +240,12 @@ def test_a_new_version_or_disabling_applies_from_the_next_request(session, resea
     set_enabled(research, False)
     drive_until_idle(session)
     calls = _agent_calls(session)
-    assert [c.fact_versions["skills"] for c in calls] == [{}, {"research-guide": 1}, {"research-guide": 2}, {}]
+    assert [c.fact_versions["skills"] for c in calls] == [
+        {},
+        {"research-guide": 1},
+        {"research-guide": 2},
+        {},
+    ]
     prompts = [c.system_prompt.content for c in calls]
     assert "ZEBRA-7741" in prompts[1]
     assert "NEW-BODY-V2" in prompts[2] and "ZEBRA-7741" not in prompts[2]

@@ -149,7 +149,7 @@ def test_the_real_command_exit_codes_and_stdout(tmp_path):
     assert "archive: entry demo-skill/../x escapes the skill folder" in refused.stderr
 
 
-def test_seed_demo_imports_the_three_skills_once(settings, tmp_path):
+def test_seed_demo_imports_the_demo_skills_once(settings, tmp_path):
     settings.XAGENT_WORKSPACES_DIR = tmp_path / "workspaces"
     first, _ = run("seed_demo")
     skill = Skill.objects.get(tenant__slug="demo", name="research-guide")
@@ -157,9 +157,12 @@ def test_seed_demo_imports_the_three_skills_once(settings, tmp_path):
 
     second, _ = run("seed_demo")
 
-    assert "Demo skills: csv-cleanup, pdf-report, research-guide" in first and first == second
-    assert Skill.objects.filter(tenant__slug="demo").count() == 3
-    assert SkillVersion.objects.filter(skill__tenant__slug="demo").count() == 4
+    assert (
+        "Demo skills: csv-cleanup, pdf-report, research-guide, support-weekly-report" in first
+        and first == second
+    )
+    assert Skill.objects.filter(tenant__slug="demo").count() == 4
+    assert SkillVersion.objects.filter(skill__tenant__slug="demo").count() == 5
     skill.refresh_from_db()
     assert skill.version == 2 and skill.body == "# Edited by an admin"
     assert skill.versions.get(number=1).origin == "seed"

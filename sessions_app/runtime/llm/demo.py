@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from .base import Cancelled, CancelSignal, ModelResult
 from .config import EffectiveModel
 
+# A line of the offered Skills (engine.skills_text) for a support report Skill.
+OFFERED_REPORT_SKILL = re.compile(r"^- (support-[a-z0-9-]*report[a-z0-9-]*): ", re.MULTILINE)
 REPORT_TRIGGER = re.compile(r"\b(report|kpi|tickets?)\b", re.IGNORECASE)
 STREAM_CHUNK_DELAY_S = 0.02
 SOURCE_FILE = "tickets.csv"
@@ -234,7 +236,15 @@ class DemoModelProvider:
             return self._say(self._explain(), on_delta, cancel)
         request = messages[task_start].get("content") or ""
         calls = _calls_since(messages, task_start)
-        text, tool_calls = self._next_move(request, calls)
+        skill = self._offered_skill(messages, tools)
+        if skill and not calls:
+            # As a model would: a Skill offered for this very task is loaded before starting it.
+            text, tool_calls = (
+                f"Loading the {skill} skill first: it describes this report.",
+                [_call("skills_load", {"skills": [skill]})],
+            )
+        else:
+            text, tool_calls = self._next_move(request, calls)
         if tool_calls:
             return self._tools(tool_calls, text, on_delta, cancel)
         return self._say(text + DEMO_SIGNATURE, on_delta, cancel)
@@ -397,6 +407,16 @@ class DemoModelProvider:
             "artifacts": [],
             "active_user_request": requests[-1] if requests else "",
         }
+
+    @staticmethod
+    def _offered_skill(messages, tools) -> str | None:
+        """The name of a Skill offered (not yet loaded) for the support report, if the request
+        offers one and skills_load is among the tools."""
+        names = {(t.get("function") or {}).get("name") for t in tools or ()}
+        if "skills_load" not in names or not messages or messages[0].get("role") != "system":
+            return None
+        offered = OFFERED_REPORT_SKILL.search(messages[0].get("content") or "")
+        return offered.group(1) if offered else None
 
     @staticmethod
     def _explain() -> str:
