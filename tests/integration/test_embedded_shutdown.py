@@ -99,7 +99,11 @@ def test_stopping_runstack_mid_turn_is_quiet_and_the_next_start_finishes_the_wor
         server.script(
             "agent",
             *[
-                tool_reply([tool_call("fs_write", {"path": f"f{i}.txt", "content": str(i)}, id=f"w{i}")])
+                # Each step takes a moment, so the stop lands mid-turn however fast the machine is.
+                tool_reply(
+                    [tool_call("fs_write", {"path": f"f{i}.txt", "content": str(i)}, id=f"w{i}")],
+                    delay_before_s=0.3,
+                )
                 for i in range(STEPS)
             ],
             text_reply("All files written."),
