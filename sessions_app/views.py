@@ -11,6 +11,7 @@ from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_safe
 
 from tenancy_app.access import SESSION_TENANT_KEY, resolve_membership
+from tools_app.registry import default_tool_names
 
 from .choices import MemoryKind, SessionStatus
 from .models import Session
@@ -62,6 +63,8 @@ def session_detail(request, session_id):
         "status": session.status,
         "api": f"/api/v1/sessions/{session.pk}/",
         "ws": f"/ws/sessions/{session.pk}/",
+        # The session API lists every tool the Session has; the card shows only the extra ones.
+        "defaultTools": default_tool_names(),
     }
     return render(
         request,
