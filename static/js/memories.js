@@ -36,6 +36,13 @@
     state.hidden = !text;
   }
 
+  /** Saved again later (memory_save of the same text refreshes it), not just written twice on creation. */
+  function refreshed(memory) {
+    const created = Date.parse(memory.created_at);
+    const updated = Date.parse(memory.updated_at);
+    return Number.isFinite(created) && Number.isFinite(updated) && updated - created > 60000;
+  }
+
   function sessionLink(sessionId) {
     if (!sessionId) return null;
     return el("a", {
@@ -63,7 +70,7 @@
           { className: "memory-meta muted" },
           "saved ",
           timeElement(memory.created_at),
-          memory.updated_at && memory.updated_at !== memory.created_at ? [" · updated ", timeElement(memory.updated_at)] : null
+          refreshed(memory) ? [" · updated ", timeElement(memory.updated_at)] : null
         ),
         sessionLink(memory.source_session),
         actions
@@ -124,7 +131,7 @@
       updateCount(-1);
       const focusNext = next && next.querySelector("button");
       (focusNext || searchInput).focus();
-      if (!list.children.length && !nextUrl) showEmpty();
+      if (!list.children.length && !nextUrl) showEmpty(message);
     }
 
     async function remove() {
@@ -153,10 +160,11 @@
     total = Math.max(0, total + delta);
   }
 
-  function showEmpty() {
+  /** No rows: the explanation of what memories are, or (filtered) that nothing matches. */
+  function showEmpty(lead = "") {
     const filtered = Boolean(shownFilters.kind || shownFilters.search);
     empty.hidden = filtered;
-    if (filtered) say("No memories match these filters.");
+    if (filtered) say(`${lead ? lead + " " : ""}No memories match these filters.`);
   }
 
   function query() {
