@@ -97,6 +97,7 @@
     lastCommitted: null, // message id of the last `message.committed` applied: where a note of a later event goes
     eventNotes: new Map(), // seq -> timeline note made from that event (capabilities, recalled memories)
     capabilities: { skills: [], toolsets: [], tools: [] }, // attached beyond the default tools
+    skillDescriptions: null, // skill name -> description, read once from /api/v1/skills/
     title: "",
   };
 
@@ -727,16 +728,18 @@
           el(
             "ul",
             { className: "capability-list", dataset: { testid: `capability-${key}` } },
-            ...list.map((name) =>
-              el(
+            ...list.map((name) => {
+              const description = key === "skills" && state.skillDescriptions ? state.skillDescriptions.get(name) : "";
+              return el(
                 "li",
                 {
                   className: "capability",
                   dataset: { testid: "capability", kind: key, name, fresh: fresh.has(`${key}\u0000${name}`) ? "true" : null },
                 },
-                el("code", { className: "capability-name", text: name })
-              )
-            )
+                el("code", { className: "capability-name", text: name }),
+                description ? el("span", { className: "capability-description muted", dataset: { testid: "capability-description" }, text: description }) : null
+              );
+            })
           )
         )
       );
@@ -744,6 +747,18 @@
     ui.capabilityGroups.replaceChildren(...groups);
     ui.capabilitiesEmpty.hidden = total > 0;
     ui.capabilitiesCount.textContent = total ? `${total} loaded` : "";
+    if (state.capabilities.skills.length && !state.skillDescriptions) loadSkillDescriptions();
+  }
+
+  let skillsRead = null;
+  function loadSkillDescriptions() {
+    if (skillsRead) return;
+    skillsRead = apiAll("/api/v1/skills/?page_size=200")
+      .then((skills) => {
+        state.skillDescriptions = new Map(skills.map((skill) => [String(skill.name), String(skill.description || "")]));
+        renderCapabilities(new Set());
+      })
+      .catch(() => {}); // the names alone say enough
   }
 
   function excerpt(text, limit) {

@@ -1,7 +1,7 @@
 """Skills and long-term Memory in the browser workspace, in Chromium against the real `runstack`
 (SQLite, in-process worker); the model is the scripted server on loopback, the demo tenant's
-default model configuration. The demo tenant has the `research-guide` Skill, the demo user three
-memories and bob (a member of the same tenant) one of his own.
+default model configuration. The demo tenant has the `research-guide` Skill (seed_demo imports
+it), the demo user three memories and bob (a member of the same tenant) one of his own.
 
 - the Memories page lists only the signed-in user's memories, filters them and deletes one;
 - a Session whose model calls `skills_load` shows the skill in the Capabilities card and a note
@@ -30,11 +30,10 @@ LOADED_ANSWER = "The research guide is loaded; here is the plan."
 REPORT_TASK = "Write the support KPI report for the last seven days."
 
 SETUP = """
-import hashlib
 from django.contrib.auth import get_user_model
 from sessions_app.models import ModelConfig
 from sessions_app.runtime import memory
-from skills_app.models import Skill, SkillVersion
+from skills_app.models import Skill
 from tenancy_app.models import Tenant
 
 tenant = Tenant.objects.get(slug="demo")
@@ -42,14 +41,7 @@ ModelConfig.objects.update_or_create(
     tenant=tenant, name="scripted",
     defaults=dict(base_url="{base_url}", model="scripted-model", is_default=True, configured_by_operator=True),
 )
-name, description = "research-guide", "How to research a software topic and deliver a Markdown guide."
-body = "# Research guide\\n\\nCite three primary sources."
-skill = Skill.objects.create(tenant=tenant, name=name, description=description, body=body)
-md = f"---\\nname: {{name}}\\ndescription: {{description}}\\n---\\n{{body}}\\n".encode()
-version = SkillVersion.objects.create(
-    skill=skill, number=1, skill_md=md, sha256=hashlib.sha256(md).hexdigest(), origin="paste"
-)
-Skill.objects.filter(pk=skill.pk).update(current_version=version, version=1)
+assert Skill.objects.filter(tenant=tenant, name="research-guide").exists()  # seed_demo imports it
 
 users = get_user_model().objects
 demo, bob = users.get(username="demo"), users.get(username="bob")
@@ -197,7 +189,8 @@ def test_a_loaded_skill_shows_in_the_capabilities_card_and_the_timeline(page, st
     note = page.locator("[data-testid=capabilities-note][data-skills=research-guide]")
 
     expect(assistant_messages(page).last).to_contain_text(LOADED_ANSWER, timeout=LIVE_TIMEOUT_MS)
-    expect(skills).to_have_text(["research-guide"])
+    expect(skills.locator(".capability-name")).to_have_text(["research-guide"])
+    expect(skills.get_by_test_id("capability-description")).not_to_be_empty()  # from /api/v1/skills/
     expect(card.get_by_test_id("capabilities-empty")).to_be_hidden()
     expect(note).to_have_count(1)
     expect(note.locator(".turn-note-lines")).to_have_text("Loaded skill research-guide")
@@ -228,7 +221,7 @@ def test_a_loaded_skill_shows_in_the_capabilities_card_and_the_timeline(page, st
     page.reload()
     expect(page.get_by_test_id("live-indicator")).to_have_attribute("data-state", "live")
     expect(assistant_messages(page).last).to_contain_text(LOADED_ANSWER)
-    expect(skills).to_have_text(["research-guide"])
+    expect(skills.locator(".capability-name")).to_have_text(["research-guide"])
     expect(note).to_have_count(1)
     expect(note.locator(".turn-note-lines")).to_have_text("Loaded skill research-guide")
     in_place()
