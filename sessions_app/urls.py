@@ -6,5 +6,6 @@ app_name = "workspace"
 urlpatterns = [
     path("", views.home, name="home"),
     path("sessions/<uuid:session_id>/", views.session_detail, name="session"),
+    path("memories/", views.memories, name="memories"),
     path("favicon.ico", views.favicon, name="favicon"),
 ]

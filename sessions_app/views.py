@@ -11,8 +11,9 @@ from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_safe
 
 from tenancy_app.access import SESSION_TENANT_KEY, resolve_membership
+from tools_app.registry import default_tool_names
 
-from .choices import SessionStatus
+from .choices import MemoryKind, SessionStatus
 from .models import Session
 
 # How many logged events before the page's snapshot the activity log shows on open.
@@ -62,6 +63,8 @@ def session_detail(request, session_id):
         "status": session.status,
         "api": f"/api/v1/sessions/{session.pk}/",
         "ws": f"/ws/sessions/{session.pk}/",
+        # The session API lists every tool the Session has; the card shows only the extra ones.
+        "defaultTools": default_tool_names(),
     }
     return render(
         request,
@@ -72,3 +75,10 @@ def session_detail(request, session_id):
             "phase_label": "Working on" if session.status in WORKING_STATUSES else "Last task",
         },
     )
+
+
+@login_required
+def memories(request):
+    """The user's own long-term memories in the current tenant (listed, filtered and deleted by
+    static/js/memories.js through `/api/v1/memories/`, which scopes them to this user)."""
+    return render(request, "workspace/memories.html", {"memory_kinds": MemoryKind.choices})

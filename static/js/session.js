@@ -68,6 +68,9 @@
     logCount: $("activity-count"),
     approvals: $("approvals"),
     approvalsNote: $("approvals-note"),
+    capabilitiesEmpty: $("capabilities-empty"),
+    capabilityGroups: $("capability-groups"),
+    capabilitiesCount: $("capabilities-count"),
   };
   const USERNAME = ($("session-app") && $("session-app").dataset.username) || "";
 
@@ -91,6 +94,10 @@
     deliveryCards: new Map(), // delivery id -> card element
     turnNotes: new Map(), // turn id -> the timeline note of its failure
     extraOrder: 0, // creation order of timeline extras (delivery cards, failure notes)
+    lastCommitted: null, // message id of the last `message.committed` applied: where a note of a later event goes
+    eventNotes: new Map(), // seq -> timeline note made from that event (capabilities, recalled memories)
+    capabilities: { skills: [], toolsets: [], tools: [] }, // attached beyond the default tools
+    skillDescriptions: null, // skill name -> description, read once from /api/v1/skills/
     title: "",
   };
 
@@ -537,6 +544,221 @@
       el("div", { className: "turn-note-lines" }, lines)
     );
     addExtra(card, turn === undefined ? state.lastMessageTurn : turn);
+  }
+
+  const MEMORIES_API = "/api/v1/memories/";
+  const names = (value) => (Array.isArray(value) ? value.map(String).filter(Boolean) : []);
+
+  /** What a `capabilities.added` event (or the session's `capabilities`) attached, by kind, as words. */
+  function capabilityParts(data) {
+    const parts = [];
+    for (const [key, one, many] of [
+      ["skills", "skill", "skills"],
+      ["toolsets", "tool set", "tool sets"],
+      ["tools", "tool", "tools"],
+    ]) {
+      const list = names(data && data[key]);
+      if (list.length) parts.push({ key, label: list.length === 1 ? one : many, names: list });
+    }
+    return parts;
+  }
+
+  /**
+   * The turn of a note about a point in the conversation: the event's own turn, else the turn
+   * being applied, else the turn of the message it follows (a replayed event older than the
+   * backlog's first `turn.started`), else the newest one shown for a live event.
+   */
+  function pointTurn(data, live, afterMessage) {
+    const turn = eventTurn(data, false);
+    if (turn !== undefined) return turn;
+    if (afterMessage !== null) {
+      let found;
+      for (const message of ui.messages.querySelectorAll(":scope > [data-testid=message]")) {
+        if (Number(message.dataset.id) > afterMessage) break;
+        if (message.dataset.turn !== undefined && message.dataset.turn !== "") found = Number(message.dataset.turn);
+      }
+      if (found !== undefined) return found;
+    }
+    return live ? state.lastMessageTurn : undefined;
+  }
+
+  /** A note for one logged event, placed after the last message committed before it; a replay
+   * of the same event (same seq) never makes a second one. */
+  function eventNote(seq, data, live, build) {
+    if (state.eventNotes.has(seq)) return null;
+    const afterMessage = state.lastCommitted;
+    let turn = pointTurn(data, live, afterMessage);
+    if (turn === undefined) {
+      // The whole log was replayed and no message came before it: the top of the conversation.
+      if (afterMessage === null && boot.backlogFrom === 0) turn = -1;
+      // Older than the replayed backlog shows: where it happened is not known, so no note.
+      else if (!live) return null;
+    }
+    const note = build();
+    note.dataset.seq = String(seq);
+    if (afterMessage !== null) note.dataset.afterMessage = String(afterMessage);
+    state.eventNotes.set(seq, note);
+    addExtra(note, turn);
+    return note;
+  }
+
+  /** `capabilities.added`: "Loaded skill research-guide" where it happened in the conversation. */
+  function capabilitiesNote(seq, data, live) {
+    const parts = capabilityParts(data);
+    if (!parts.length) return;
+    eventNote(seq, data, live, () => {
+      const line = el("p", {}, "Loaded ");
+      parts.forEach(({ label, names: list }, index) => {
+        if (index) line.append(index === parts.length - 1 ? " and " : ", ");
+        line.append(`${label} `);
+        list.forEach((name, at) => line.append(at ? ", " : "", el("code", { text: name })));
+      });
+      return el(
+        "li",
+        {
+          className: "turn-note event-note capabilities-note",
+          dataset: { testid: "capabilities-note", skills: names(data.skills).join(" ") },
+          attrs: { role: "status" },
+        },
+        el("span", { className: "turn-note-icon", attrs: { "aria-hidden": "true" }, text: "+" }),
+        el("div", { className: "turn-note-lines" }, line)
+      );
+    });
+  }
+
+  /** `memory.recalled`: "Recalled 2 memories", unfolding to their texts (read when first opened;
+   * one deleted since shows as such). */
+  function memoryRecalledNote(seq, data, live) {
+    const ids = names(data.memory_ids);
+    if (!ids.length) return;
+    eventNote(seq, data, live, () => {
+      const list = el("ul", { className: "recalled-memories", dataset: { testid: "recalled-memories" } });
+      const details = el(
+        "details",
+        { className: "memory-recall" },
+        el("summary", {
+          dataset: { testid: "memory-recalled-summary" },
+          text: `Recalled ${ids.length} memor${ids.length === 1 ? "y" : "ies"} for this task`,
+        }),
+        list,
+        el("p", { className: "memory-recall-foot muted" }, el("a", { attrs: { href: "/memories/" }, text: "Manage your memories" }))
+      );
+      let read = false;
+      details.addEventListener("toggle", () => {
+        if (!details.open || read) return;
+        read = true;
+        list.replaceChildren(...ids.map((id) => recalledMemory(id)));
+      });
+      return el(
+        "li",
+        {
+          className: "turn-note event-note memory-note",
+          dataset: { testid: "memory-recalled", memoryIds: ids.join(" ") },
+          attrs: { role: "status" },
+        },
+        el("span", { className: "turn-note-icon", attrs: { "aria-hidden": "true" }, text: "✦" }),
+        el("div", { className: "turn-note-lines" }, details)
+      );
+    });
+  }
+
+  function recalledMemory(id) {
+    const item = el(
+      "li",
+      { className: "recalled-memory", dataset: { testid: "recalled-memory", memoryId: id, state: "loading" } },
+      el("span", { className: "muted", text: "Loading…" })
+    );
+    api(`${MEMORIES_API}${encodeURIComponent(id)}/`)
+      .then((memory) => {
+        item.dataset.state = "ok";
+        item.replaceChildren(
+          el("span", { className: "kind-badge", dataset: { kind: memory.kind }, text: memory.kind }),
+          " ",
+          el("span", { className: "recalled-text", text: memory.text })
+        );
+      })
+      .catch((exc) => {
+        const deleted = exc instanceof ApiError && exc.status === 404;
+        item.dataset.state = deleted ? "deleted" : "error";
+        item.replaceChildren(
+          el("span", {
+            className: deleted ? "muted" : "error",
+            text: deleted ? "(deleted)" : `Could not be read: ${exc instanceof ApiError ? exc.describe() : exc}`,
+          })
+        );
+      });
+    return item;
+  }
+
+  // --- capabilities card ------------------------------------------------------------------------
+
+  const DEFAULT_TOOLS = new Set(names(boot.defaultTools));
+  const CAPABILITY_GROUPS = [
+    ["skills", "Skills"],
+    ["toolsets", "Tool sets"],
+    ["tools", "Extra tools"],
+  ];
+
+  /** Merge attached capabilities (the session's list or an event's additions): add-only. */
+  function addCapabilities(data, fresh = false) {
+    const added = [];
+    for (const [key] of CAPABILITY_GROUPS) {
+      for (const name of names(data && data[key])) {
+        if (key === "tools" && DEFAULT_TOOLS.has(name)) continue;
+        if (state.capabilities[key].includes(name)) continue;
+        state.capabilities[key].push(name);
+        added.push(`${key}\u0000${name}`);
+      }
+    }
+    if (added.length) renderCapabilities(fresh ? new Set(added) : new Set());
+  }
+
+  function renderCapabilities(fresh) {
+    const groups = [];
+    let total = 0;
+    for (const [key, heading] of CAPABILITY_GROUPS) {
+      const list = state.capabilities[key];
+      if (!list.length) continue;
+      total += list.length;
+      groups.push(
+        el(
+          "div",
+          { className: "capability-group", dataset: { kind: key } },
+          el("h3", { text: heading }),
+          el(
+            "ul",
+            { className: "capability-list", dataset: { testid: `capability-${key}` } },
+            ...list.map((name) => {
+              const description = key === "skills" && state.skillDescriptions ? state.skillDescriptions.get(name) : "";
+              return el(
+                "li",
+                {
+                  className: "capability",
+                  dataset: { testid: "capability", kind: key, name, fresh: fresh.has(`${key}\u0000${name}`) ? "true" : null },
+                },
+                el("code", { className: "capability-name", text: name }),
+                description ? el("span", { className: "capability-description muted", dataset: { testid: "capability-description" }, text: description }) : null
+              );
+            })
+          )
+        )
+      );
+    }
+    ui.capabilityGroups.replaceChildren(...groups);
+    ui.capabilitiesEmpty.hidden = total > 0;
+    ui.capabilitiesCount.textContent = total ? `${total} loaded` : "";
+    if (state.capabilities.skills.length && !state.skillDescriptions) loadSkillDescriptions();
+  }
+
+  let skillsRead = null;
+  function loadSkillDescriptions() {
+    if (skillsRead) return;
+    skillsRead = apiAll("/api/v1/skills/?page_size=200")
+      .then((skills) => {
+        state.skillDescriptions = new Map(skills.map((skill) => [String(skill.name), String(skill.description || "")]));
+        renderCapabilities(new Set());
+      })
+      .catch(() => {}); // the names alone say enough
   }
 
   function excerpt(text, limit) {
@@ -1206,6 +1428,12 @@
         return `${d.code}: ${d.message}`;
       case "session.recovered":
         return d.next ? `next: ${d.next}` : "";
+      case "capabilities.added":
+        return capabilityParts(d).map(({ label, names }) => `${label} ${names.join(", ")}`).join("; ");
+      case "memory.recalled": {
+        const ids = Array.isArray(d.memory_ids) ? d.memory_ids : [];
+        return `${ids.length} memor${ids.length === 1 ? "y" : "ies"}${ids.length ? ` (#${ids.join(", #")})` : ""}`;
+      }
       default:
         return "";
     }
@@ -1246,6 +1474,16 @@
     switch (event.type) {
       case "turn.started":
         state.currentTurn = data.turn_id;
+        break;
+      case "message.committed":
+        if (data.message_id !== undefined && data.message_id !== null) state.lastCommitted = Number(data.message_id);
+        break;
+      case "capabilities.added":
+        addCapabilities(data, live);
+        capabilitiesNote(event.seq, data, live);
+        break;
+      case "memory.recalled":
+        memoryRecalledNote(event.seq, data, live);
         break;
       case "tool.started":
       case "tool.ended": {
@@ -1536,6 +1774,7 @@
       ]);
       showHeader(session);
       setStatus(session.status, session.status_reason);
+      addCapabilities(session.capabilities);
       renderMessages(messages);
       renderPlan(plan.plan);
     } catch (exc) {

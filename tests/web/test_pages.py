@@ -171,3 +171,36 @@ class TestTenantSwitch:
         response = Client().post("/tenants/switch/", {"tenant": "acme"})
 
         assert response.status_code == 302 and response["Location"].startswith(LOGIN)
+
+
+class TestMemoriesPage:
+    def test_anonymous_visitors_are_sent_to_login(self, db):
+        response = Client().get("/memories/")
+
+        assert response.status_code == 302
+        assert response["Location"] == f"{LOGIN}?next=/memories/"
+
+    def test_it_renders_the_list_frame_with_every_kind_to_filter_by(self, member_a):
+        response = logged_in(member_a).get("/memories/")
+
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert 'id="memories-app"' in html and 'data-api="/api/v1/memories/"' in html
+        assert "js/memories.js" in html
+        for kind in ("entity", "topic", "preference", "constraint", "decision"):
+            assert f'<option value="{kind}">' in html
+        assert "memory_save" in html and "private to you" in html
+
+    def test_the_top_nav_links_to_it_for_members_of_a_tenant(self, member_a):
+        home = logged_in(member_a).get("/").content.decode()
+        page = logged_in(member_a).get("/memories/").content.decode()
+
+        assert 'href="/memories/" data-testid="nav-memories">Memories</a>' in home
+        assert 'data-testid="nav-memories" aria-current="page">Memories</a>' in page
+
+    def test_a_user_without_a_tenant_gets_no_link_and_is_told_why(self, db):
+        client = logged_in(UserFactory(username="drifter"))
+
+        assert "nav-memories" not in client.get("/").content.decode()
+        html = client.get("/memories/").content.decode()
+        assert "not a member of any tenant" in html and "memories.js" not in html
