@@ -586,7 +586,9 @@
    * of the same event (same seq) never makes a second one. */
   function eventNote(seq, data, live, build) {
     if (state.eventNotes.has(seq)) return null;
-    const afterMessage = state.lastCommitted;
+    // The event says where it happened when it can (`after_message_id`); else the last message
+    // committed before it in the applied log.
+    const afterMessage = Number.isInteger(data.after_message_id) ? data.after_message_id : state.lastCommitted;
     let turn = pointTurn(data, live, afterMessage);
     if (turn === undefined) {
       // The whole log was replayed and no message came before it: the top of the conversation.

@@ -61,7 +61,8 @@ def test_a_memory_saved_in_one_session_is_recalled_at_task_setup_of_the_next(
     assert "Recalled memories" in prompt and f"[preference] {PREFERENCE}" in prompt
     assert PREFERENCE in model_server.requests_for("agent")[-1].body["messages"][0]["content"]
     recalled = SessionEvent.objects.get(session=second, type="memory.recalled").data
-    assert recalled["memory_ids"] == [saved.pk]
+    request = Message.objects.get(session=second, role="user")
+    assert recalled == {"turn_id": request.turn_id, "memory_ids": [saved.pk], "after_message_id": request.pk}
     assert ModelCall.objects.filter(session=second, purpose="agent").first().fact_versions["memory_ids"] == [
         saved.pk
     ]

@@ -114,7 +114,11 @@ def test_a_skill_is_offered_by_name_then_found_loaded_and_its_body_is_in_the_nex
         SessionCapability.objects.filter(session=session).values_list("kind", "name", "added_by")
     ) == [("skill", "research-guide", "model")]
     added = [e.data for e in SessionEvent.objects.filter(session=session, type="capabilities.added")]
-    assert added == [{"skills": ["research-guide"], "tools": [], "toolsets": []}]
+    # After the assistant message that called skills_load: where the UI shows it.
+    loading = Message.objects.get(session=session, role="assistant", tool_calls__0__id="load")
+    assert added == [
+        {"skills": ["research-guide"], "tools": [], "toolsets": [], "after_message_id": loading.pk}
+    ]
     assert_tool_pairs(session)
 
 

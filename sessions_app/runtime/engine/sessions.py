@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ...choices import InputKind, InputStatus, SessionKind, SessionStatus
-from ...models import Input, Session, SessionCapability, Turn
+from ...models import Input, Message, Session, SessionCapability, Turn
 from ..events import emit
 from .fencing import locked_session
 
@@ -94,7 +94,11 @@ def _add_capabilities(
         SessionCapability.objects.bulk_create(rows)
         session.config_version += 1
         Session.objects.filter(pk=session.pk).update(config_version=session.config_version)
-        emit(session, "capabilities.added", added)
+        # `after_message_id` (an extension): where in the conversation it happened, for clients.
+        last_message = (
+            Message.objects.filter(session=session).order_by("-id").values_list("id", flat=True).first()
+        )
+        emit(session, "capabilities.added", {**added, "after_message_id": last_message})
     return added
 
 

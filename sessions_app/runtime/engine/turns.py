@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 
 from ...choices import InputKind, Role, SessionStatus, TurnReason
-from ...models import Delivery, Input, Session, Turn
+from ...models import Delivery, Input, Message, Session, Turn
 from .. import deliveries, memory
 from ..events import emit
 from .fencing import RunnerWriter, locked_session
@@ -63,7 +63,7 @@ def start_turn(session_id, token, input: Input) -> Turn:
         ) + 1
         turn = Turn.objects.create(tenant_id=session.tenant_id, session=session, number=number)
         consume_inputs([input], turn)
-        append_message(session, turn.pk, Role.USER, input_text(input), input=input)
+        request = append_message(session, turn.pk, Role.USER, input_text(input), input=input)
         if not session.phase_goal and input.kind == InputKind.MESSAGE:
             # Until task understanding (sub-Sessions) owns this, the first task sets the goals.
             session.phase_goal = str(input.payload.get("text", ""))[:2000]
@@ -76,23 +76,27 @@ def start_turn(session_id, token, input: Input) -> Turn:
         Session.objects.filter(pk=session.pk).update(current_turn=turn)
         emit(session, "turn.started", {"turn_id": turn.pk})
         if input.kind == InputKind.MESSAGE:
-            _recall_memories(session, turn, input_text(input))
+            _recall_memories(session, turn, request)
         set_status(session, SessionStatus.RUNNING)
     return turn
 
 
-def _recall_memories(session: Session, turn: Turn, request_text: str) -> None:
+def _recall_memories(session: Session, turn: Turn, request: Message) -> None:
     """Task setup: the owner's memories that fit the request are kept on the turn; every request
     of the turn shows them (`memory.recalled` says which, an extension event)."""
     if session.owner_id is None:
         return
     ids = memory.recall_for_task(
-        tenant_id=session.tenant_id, user_id=session.owner_id, request_text=request_text
+        tenant_id=session.tenant_id, user_id=session.owner_id, request_text=request.content
     )
     if ids:
         turn.recalled_memory_ids = ids
         Turn.objects.filter(pk=turn.pk).update(recalled_memory_ids=ids)
-        emit(session, "memory.recalled", {"turn_id": turn.pk, "memory_ids": ids})
+        emit(
+            session,
+            "memory.recalled",
+            {"turn_id": turn.pk, "memory_ids": ids, "after_message_id": request.pk},
+        )
 
 
 def input_text(input: Input) -> str:
