@@ -157,12 +157,21 @@ class RuntimeSessionPort:
     def loaded_skill_names(self) -> list[str]:
         return list(self.context.loaded_skill_names)
 
+    def _memory_user(self) -> int:
+        if self.context.memory_user_id is None:
+            raise ToolError(
+                "memory is personal to the Session's owner, and this task was sent by someone else: "
+                "no memory is read or saved for it",
+                code="memory_unavailable",
+            )
+        return self.context.memory_user_id
+
     def memory_save(self, text: str, kind: str) -> dict:
         session = self.context.session
         try:
             saved, created = memory.save(
                 tenant_id=session.tenant_id,
-                user_id=session.owner_id,
+                user_id=self._memory_user(),
                 text=text,
                 kind=kind,
                 source_session_id=session.pk,
@@ -174,7 +183,7 @@ class RuntimeSessionPort:
     def memory_search(self, query: str, kind: str | None, limit: int) -> list[dict]:
         session = self.context.session
         found = memory.search(
-            tenant_id=session.tenant_id, user_id=session.owner_id, query=query, kind=kind, limit=limit
+            tenant_id=session.tenant_id, user_id=self._memory_user(), query=query, kind=kind, limit=limit
         )
         return [memory.as_dict(m) for m in found]
 
@@ -214,6 +223,7 @@ class SliceContext:
         self.more_skills = 0
         self.loaded_skills: list = []
         self.memories: list = []
+        self.memory_user_id: int | None = None
         self._skills_text = ""
         self.loaded_skill_names: list[str] = []
 
@@ -257,7 +267,8 @@ class SliceContext:
             self.turn_id = turn_id
             self.progress = engine.TurnProgress(turn.steps, dict(turn.guard_state))
             self.progress_saved = engine.TurnProgress(turn.steps, dict(turn.guard_state))
-            self.memories = memory.texts(session.tenant_id, session.owner_id, turn.recalled_memory_ids)
+            self.memory_user_id = engine.memory_user_id(session, engine.turn_author_id(turn_id))
+            self.memories = memory.texts(session.tenant_id, self.memory_user_id, turn.recalled_memory_ids)
         plan = Plan.objects.filter(session_id=self.session_id).prefetch_related("tasks").first()
         self.plan = plan.as_dict() if plan is not None else None
         self._read_compaction(session, turn_id)

@@ -113,9 +113,9 @@ def recall_for_task(*, tenant_id: int, user_id: int, request_text: str) -> list[
     return picked
 
 
-def texts(tenant_id: int, user_id: int, ids: list[int]) -> list[Memory]:
+def texts(tenant_id: int, user_id: int | None, ids: list[int]) -> list[Memory]:
     """The recalled memories still there (a user may delete one mid-turn), in recall order."""
-    if not ids:
+    if not ids or user_id is None:
         return []
     rows = {m.pk: m for m in for_user(tenant_id, user_id).filter(pk__in=ids).only("id", "kind", "text")}
     return [rows[i] for i in ids if i in rows]

@@ -77,10 +77,12 @@ from .turns import (
     fail_without_turn,
     finish_turn,
     input_text,
+    memory_user_id,
     save_progress,
     set_status,
     start_turn,
     take_boundary,
+    turn_author_id,
 )
 
 __all__ = [
@@ -141,7 +143,9 @@ __all__ = [
     "set_status",
     "settle_pending_compaction",
     "skills_text",
+    "memory_user_id",
     "start_turn",
+    "turn_author_id",
     "state_budget",
     "stored_calls",
     "system_prompt",
