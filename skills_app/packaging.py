@@ -56,6 +56,9 @@ IGNORED_NAMES = {".DS_Store"}
 IGNORED_TOP_DIRS = {"__MACOSX"}
 # Exported zips carry this date on every entry, so the same version always gives the same bytes.
 ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
+READABLE_COMPRESSION = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+# YAML parsing costs far more than its size suggests (QA: 3 MB of keys held a worker 12 s).
+MAX_FRONTMATTER_BYTES = 64 * 1024
 _CHUNK = 64 * 1024
 # What zipfile and zlib raise on a damaged or exotic archive (unknown compression, encryption).
 _ZIP_ERRORS = (
@@ -221,6 +224,11 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _clipped(text: str, limit: int = 300) -> str:
+    """Error messages quote what they refuse, but never all of a huge value."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
 def split_frontmatter(text: str) -> tuple[str, str]:
     """(frontmatter YAML, body): the file starts with a `---` line and the frontmatter ends at
     the next line that is exactly `---`."""
@@ -239,11 +247,25 @@ def parse_skill_md(data: bytes, *, folder: str | None = None) -> ParsedSkill:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SkillPackageError.one("skill_md", f"SKILL.md is not UTF-8 (byte {exc.start})") from None
+    if "\x00" in text:
+        # Text columns (PostgreSQL) cannot hold it, and no SKILL.md needs it.
+        raise SkillPackageError.one("skill_md", f"SKILL.md holds a NUL character (at {text.index(chr(0))})")
+    if text.startswith("\ufeff"):
+        raise SkillPackageError.one(
+            "frontmatter",
+            "SKILL.md starts with a byte-order mark; save it as UTF-8 without BOM so `---` comes first",
+        )
     frontmatter, body = split_frontmatter(text)
+    if len(frontmatter.encode()) > MAX_FRONTMATTER_BYTES:
+        raise SkillPackageError.one(
+            "frontmatter",
+            f"the frontmatter is {len(frontmatter.encode())} bytes; at most {MAX_FRONTMATTER_BYTES} "
+            "(the instructions go in the body, after the closing `---`)",
+        )
     try:
         values = yaml.load(frontmatter, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        reason = " ".join(str(exc).split())
+        reason = _clipped(" ".join(str(exc).split()))
         raise SkillPackageError.one("frontmatter", f"the frontmatter is not valid YAML: {reason}") from None
     if not isinstance(values, dict):
         raise SkillPackageError.one(
@@ -255,19 +277,33 @@ def parse_skill_md(data: bytes, *, folder: str | None = None) -> ParsedSkill:
     def refuse(key: str, message: str) -> None:
         errors.setdefault(key, []).append(message)
 
-    unknown = sorted(str(key) for key in values if key not in ALLOWED_KEYS)
+    for key, value in values.items():
+        # A YAML escape ("\0") makes a NUL the raw text did not show: text columns refuse it.
+        texts = (
+            [value]
+            if isinstance(value, str)
+            else [*value.keys(), *value.values()]
+            if isinstance(value, dict)
+            else []
+        )
+        if any(isinstance(text, str) and "\x00" in text for text in texts):
+            refuse(str(key) if key in ALLOWED_KEYS else "frontmatter", "holds a NUL character")
+    unknown = sorted(_clipped(str(key), 60) for key in values if key not in ALLOWED_KEYS)
     if unknown:
+        shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
         refuse(
             "frontmatter",
-            f"unknown field(s) {', '.join(unknown)}; the Agent Skills spec allows only {', '.join(ALLOWED_KEYS)}"
+            f"unknown field(s) {shown}; the Agent Skills spec allows only {', '.join(ALLOWED_KEYS)}"
             " (put anything else under metadata)",
         )
 
     name = values.get("name")
     if name is None:
         refuse("name", "this field is required")
-    elif not isinstance(name, str) or not name:
-        refuse("name", "must be a non-empty string")
+    elif not isinstance(name, str):
+        refuse("name", f"must be a string (YAML read {_clipped(repr(name), 60)}; quote it)")
+    elif not name:
+        refuse("name", "must not be empty")
     else:
         if len(name) > MAX_NAME_LENGTH:
             refuse("name", f"at most {MAX_NAME_LENGTH} characters ({len(name)} given)")
@@ -283,8 +319,10 @@ def parse_skill_md(data: bytes, *, folder: str | None = None) -> ParsedSkill:
     description = values.get("description")
     if description is None:
         refuse("description", "this field is required")
-    elif not isinstance(description, str) or not description.strip():
-        refuse("description", "must be a non-empty string")
+    elif not isinstance(description, str):
+        refuse("description", f"must be a string (YAML read {_clipped(repr(description), 60)}; quote it)")
+    elif not description.strip():
+        refuse("description", "must not be empty")
     elif len(description) > MAX_DESCRIPTION_LENGTH:
         refuse("description", f"at most {MAX_DESCRIPTION_LENGTH} characters ({len(description)} given)")
 
@@ -453,6 +491,14 @@ def read_zip(source: bytes | io.IOBase) -> SkillPackage:
                 continue
             if kind not in (0, stat.S_IFREG):
                 raise SkillPackageError.one("archive", f"entry {name} is not a regular file")
+            if info.compress_type not in READABLE_COMPRESSION:
+                # zipfile bounds what one read decompresses only for deflate: a bzip2 or LZMA
+                # entry of a few hundred bytes could expand to gigabytes before the budget sees it.
+                raise SkillPackageError.one(
+                    "archive",
+                    f"entry {name} uses compression method {info.compress_type}; "
+                    "use a zip with stored or deflated entries (the usual kind)",
+                )
             entries.append((info, parts, bool(mode & 0o111)))
         if len(entries) > max_files():
             raise _too_many_files()

@@ -15,13 +15,18 @@ def skill_md(name="demo-skill", description="Does a demo thing.", extra="", body
     return f"---\nname: {name}\ndescription: {description}\n{extra}---\n\n{body}"
 
 
-def make_zip(entries: dict[str, bytes | str], *, modes: dict[str, int] | None = None) -> bytes:
+def make_zip(
+    entries: dict[str, bytes | str],
+    *,
+    modes: dict[str, int] | None = None,
+    method: int = zipfile.ZIP_DEFLATED,
+) -> bytes:
     """A zip of `entries` (path -> content); `modes` sets an entry's unix mode (e.g. S_IFLNK)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for name, content in entries.items():
             info = zipfile.ZipInfo(name)
-            info.compress_type = zipfile.ZIP_DEFLATED
+            info.compress_type = method
             mode = (modes or {}).get(name)
             if mode is not None:
                 info.create_system = 3

@@ -91,7 +91,7 @@ class TestImportForm:
             (make_zip({"demo-skill/notes.md": "x"}), "archive", "skill_md: no SKILL.md in the folder demo-skill of the skill"),
             (make_zip({"demo-skill/SKILL.md": skill_md(extra="tags: [a]\n")}), "archive", "frontmatter: unknown field(s) tags"),
             (skill_md("Not_Valid"), "skill_md", "name: 'Not_Valid': use lowercase letters"),
-            (skill_md(description='""'), "skill_md", "description: must be a non-empty string"),
+            (skill_md(description='""'), "skill_md", "description: must not be empty"),
             (skill_md(extra="colour: blue\n"), "skill_md", "frontmatter: unknown field(s) colour"),
         ],
     )  # fmt: skip

@@ -162,6 +162,14 @@ class TestSkillMdValidation:
             ("---\nname: demo-skill\n", "frontmatter"),
             ("---\n: : :\n---\n", "frontmatter"),
             ("---\n- a list\n---\n", "frontmatter"),
+            # QA findings: NUL (PostgreSQL text refuses it), a BOM, a frontmatter too big to parse.
+            (skill_md(body="bo\x00dy"), "skill_md"),
+            (skill_md(description='"a\\0b"'), "description"),
+            (skill_md(extra='metadata:\n  a: "b\\0c"\n'), "metadata"),
+            ("\ufeff" + skill_md(), "frontmatter"),
+            (skill_md(extra="".join(f"k{i}: v\n" for i in range(8000))), "frontmatter"),
+            (skill_md("yes"), "name"),
+            (skill_md(description="2024-01-01"), "description"),
         ],
     )
     def test_it_refuses_naming_the_field(self, text, field):
@@ -169,6 +177,14 @@ class TestSkillMdValidation:
 
         assert field in error.errors, error.errors
         assert str(error).startswith(f"{list(error.errors)[0]}: ")
+
+    def test_messages_quote_little_of_what_they_refuse(self):
+        many = refusal(
+            packaging.parse_skill_md, skill_md(extra="".join(f"k{i}: v\n" for i in range(200))).encode()
+        )
+        assert "and 190 more" in str(many) and len(str(many)) < 600
+        huge_key = refusal(packaging.parse_skill_md, skill_md(extra="x" * 50_000 + ": [\n").encode())
+        assert len(str(huge_key)) < 800
 
     def test_it_refuses_what_is_not_utf8(self):
         error = refusal(packaging.parse_skill_md, skill_md().encode("utf-16"))
@@ -269,6 +285,14 @@ class TestZipReader:
         assert len(data) < 100_000
         error = refusal(packaging.read_zip, data)
         assert "XAGENT_SKILL_MAX_BYTES" in error.errors["files"][0]
+
+    @pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA])
+    def test_entries_compressed_other_than_deflate_are_refused_before_decompressing(self, method):
+        # zipfile bounds one read's output only for deflate: a bzip2 entry of a few hundred bytes
+        # could expand to gigabytes in one read, before any budget counts it.
+        data = make_zip({"SKILL.md": skill_md(), "zeros": b"\0" * 1024}, method=method)
+        error = refusal(packaging.read_zip, data)
+        assert "compression method" in error.errors["archive"][0]
 
     def test_a_zip_whose_headers_understate_sizes_is_refused(self, settings):
         settings.XAGENT_SKILL_MAX_BYTES = 10_000
