@@ -265,6 +265,10 @@ class SkillAdmin(TenantScopedAdmin):
     @admin.action(description="Export selected as zip")
     def export_selected(self, request, queryset):
         skills = list(queryset)
+        if not skills:
+            # Ids this admin cannot see select nothing (the queryset is tenant-scoped).
+            self.message_user(request, "None of the selected Skills can be exported.", messages.WARNING)
+            return None
         try:
             data = packaging.export_zip_many(skills)
         except packaging.SkillPackageError as exc:

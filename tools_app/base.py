@@ -84,6 +84,10 @@ class Tool:
     # a reference anywhere else is refused by ToolService's inject_secrets stage.
     secret_fields: tuple[str, ...] = ()
 
+    def precheck(self, ctx: ToolContext, args: dict) -> None:
+        """Refuse (raise ToolError) what is known not to run before approval is asked, so nobody
+        is asked to approve a call that would be refused anyway. Most tools have nothing here."""
+
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:  # pragma: no cover - interface
         raise NotImplementedError
 

@@ -135,6 +135,23 @@ def _one_line(text: str) -> str:
     return line if len(line) <= MAX_SUMMARY_CHARS else line[: MAX_SUMMARY_CHARS - 1] + "…"
 
 
+def _schema_message(error) -> str:
+    """jsonschema's message quotes the whole offending value; a huge one would push the reason
+    ("is too long") past the result's size cap, so the model would never learn why."""
+    message = error.message
+    if len(message) <= 300:
+        return message
+    quoted = repr(error.instance)
+    if len(quoted) > 120 and quoted in message:
+        size = (
+            f"{len(error.instance)} characters"
+            if isinstance(error.instance, str)
+            else f"{len(quoted)} characters as JSON"
+        )
+        message = message.replace(quoted, f"{quoted[:60]}…({size})")
+    return message if len(message) <= 600 else message[:600] + "…"
+
+
 def _json_path(path: Iterable) -> str:
     out = "$"
     for part in path:
@@ -241,11 +258,20 @@ class ToolService:
             self._check_enabled(tool)
             args = self._parse_arguments(raw_arguments)
             self._validate(tool, args)
+            self._precheck(tool, args, ctx)
             self._approval(tool, args, ctx, call_id, approved)
             run_args = self._inject_secrets(tool, args, ctx)
         except _Refused as refusal:
             return self._error(call_id, name, args, refusal.stage, refusal.code, refusal.message, started)
         return _Prepared(call_id=call_id, tool=tool, args=args, started=started, run_args=run_args)
+
+    @staticmethod
+    def _precheck(tool: Tool, args: dict, ctx: ToolContext) -> None:
+        """precheck: the tool's own refusals that need no execution (e.g. a read-only path)."""
+        try:
+            tool.precheck(ctx, args)
+        except ToolError as exc:
+            raise _Refused("precheck", exc.code, str(exc)) from exc
 
     @staticmethod
     def _check_enabled(tool: Tool) -> None:
@@ -329,7 +355,7 @@ class ToolService:
             ) from exc
         if not errors:
             return
-        lines = [f"{_json_path(e.absolute_path)}: {e.message}" for e in errors[:MAX_SCHEMA_ERRORS]]
+        lines = [f"{_json_path(e.absolute_path)}: {_schema_message(e)}" for e in errors[:MAX_SCHEMA_ERRORS]]
         if len(errors) > MAX_SCHEMA_ERRORS:
             lines.append(f"(and {len(errors) - MAX_SCHEMA_ERRORS} more)")
         raise _Refused(

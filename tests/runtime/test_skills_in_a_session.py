@@ -147,7 +147,7 @@ def test_skill_resources_are_read_only_and_paths_cannot_escape(session, research
     drive_until_idle(session)
     results = _results(session)
     assert results["w"].is_error and "read_only" in results["w"].content
-    assert results["d"].is_error  # refused (read-only, or destructive needing approval): never deleted
+    assert results["d"].is_error  # not even offered here (destructive, not a default tool)
     # Paths are normalised first: leaving the skill folder is leaving it (into the workspace),
     # and leaving the workspace is refused as everywhere.
     assert results["esc"].is_error and "path_escape" in results["esc"].content
@@ -268,3 +268,61 @@ def test_a_skill_too_large_for_the_model_is_refused_with_the_reason(session, ten
     result = _results(session)["load"]
     assert result.is_error and "do not fit" in result.content
     assert not SessionCapability.objects.filter(session=session, kind="skill").exists()
+
+
+def test_a_skills_folder_is_reserved_before_loading_and_listed_after(session, research, model_server):
+    """QA: before loading, fs_write could create `skills/<name>/SKILL.md`, which later passed for
+    (or hid behind) the Skill's own files. Every usable Skill's folder is read-only, and a listing
+    of `skills/` shows the loaded Skills' files in place of whatever the workspace holds there."""
+    model_server.script(
+        "agent",
+        tool_reply(
+            [
+                tool_call(
+                    "fs_write", {"path": "skills/research-guide/SKILL.md", "content": "fake"}, id="early"
+                ),
+                tool_call(
+                    "fs_write", {"path": "skills/./research-guide/x.md", "content": "fake"}, id="dotted"
+                ),
+                tool_call("fs_write", {"path": "skills/my-notes/a.md", "content": "mine"}, id="free"),
+            ]
+        ),
+        tool_reply([tool_call("skills_load", {"skills": ["research-guide"]}, id="load")]),
+        tool_reply(
+            [tool_call("fs_list", {"path": "skills"}, id="list"), tool_call("fs_list", {}, id="root")]
+        ),
+        text_reply("done"),
+    )
+    send(session, "go")
+    drive_until_idle(session)
+    results = _results(session)
+    for call_id in ("early", "dotted"):
+        assert results[call_id].is_error and "read_only" in results[call_id].content, call_id
+    assert not results["free"].is_error
+    assert not (engine.workspace_path(session) / "skills" / "research-guide").exists()
+    for call_id in ("list", "root"):
+        listing = results[call_id].content
+        assert "skills/my-notes/a.md" in listing
+        assert "skills/research-guide/references/sources.md" in listing and "read-only skill file" in listing
+
+
+def test_deleting_a_skill_file_is_refused_before_anyone_is_asked_to_approve(session, research, model_server):
+    """fs_delete_files is destructive (approval required by the default policy): a call that
+    would be refused anyway must not park the turn for a person first."""
+    from approvals_app.models import PendingApproval
+
+    engine.add_selected_capabilities(session.pk, None, tools=["fs_delete_files"], added_by="test")
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("skills_load", {"skills": ["research-guide"]}, id="load")]),
+        tool_reply(
+            [tool_call("fs_delete_files", {"paths": ["skills/research-guide/scripts/run.sh"]}, id="del")]
+        ),
+        text_reply("done"),
+    )
+    send(session, "go")
+    drive_until_idle(session)
+    result = _results(session)["del"]
+    assert result.is_error and "precheck" in result.content and "read_only" in result.content
+    assert not PendingApproval.objects.filter(session_id=session.pk).exists()
+    assert session.status == "idle"

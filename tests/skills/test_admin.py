@@ -8,6 +8,7 @@ import io
 import zipfile
 
 import pytest
+from django.contrib.messages import get_messages
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
@@ -282,6 +283,15 @@ class TestActions:
         )
         names = zipfile.ZipFile(io.BytesIO(response.content)).namelist()
         assert {n.split("/")[0] for n in names} == {"pdf-report", "research-guide"}
+
+    def test_exporting_ids_this_admin_cannot_see_gives_no_zip(self, tenant_admin, tenant_b):
+        theirs = add(tenant_b, "bravo-skill")
+        response = tenant_admin.post(
+            f"{ADMIN}/", {"action": "export_selected", "_selected_action": [theirs.pk]}
+        )
+        assert response.status_code == 302 and response.get("Content-Type", "").startswith("text/html")
+        shown = [str(m) for m in get_messages(response.wsgi_request)]
+        assert shown == ["None of the selected Skills can be exported."]
 
     def test_enable_and_disable(self, tenant_admin, tenant_a):
         skill = add(tenant_a, "demo-skill")

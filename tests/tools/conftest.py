@@ -47,6 +47,9 @@ class RecordingPort:
     def file_changed(self, path: str, op: str) -> None:
         self.file_changes.append((path, op))
 
+    def loaded_skill_names(self) -> list[str]:
+        return []
+
 
 @pytest.fixture
 def port() -> RecordingPort:

@@ -153,6 +153,19 @@ def test_schema_invalid_arguments_list_each_failing_path(ctx, workspace):
     assert list(workspace.iterdir()) == []
 
 
+def test_a_huge_invalid_value_is_quoted_short_so_the_reason_stays_visible(ctx):
+    from tools_app.registry import NATIVE_TOOLS
+
+    raw = json.dumps({"text": "y" * 200_000, "kind": "topic"})
+    outcome = ToolService().execute(
+        "c1", "memory_save", raw, ctx, {"memory_save": NATIVE_TOOLS["memory_save"]}
+    )
+
+    assert (outcome.stage, outcome.error_code) == ("validate", "invalid_arguments")
+    assert "is too long" in outcome.content and "200000 characters" in outcome.content
+    assert len(outcome.content) < 1000
+
+
 def test_schema_errors_in_nested_items_name_the_item(ctx):
     raw = json.dumps({"updates": [{"id": "1", "status": "finished"}]})
 

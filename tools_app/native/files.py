@@ -83,25 +83,52 @@ def _decode(data: bytes, user_path: str) -> str:
 SKILLS_DIR = "skills"
 
 
-def _skill_path(ctx: ToolContext, user_path: str) -> tuple[str, str] | None:
-    """(Skill name, path inside it) when `user_path` points into a loaded Skill's folder, which
-    the file tools show read-only in place of any workspace folder of that name."""
+def _skills_folder_parts(user_path: str) -> list[str] | None:
+    """The parts of `user_path` when it points under `skills/<name>/`, normalised."""
     norm = posixpath.normpath(user_path.strip().replace("\\", "/"))
     parts = norm.split("/")
     if len(parts) < 2 or parts[0] != SKILLS_DIR or norm.startswith("/"):
         return None
-    if parts[1] not in ctx.port.loaded_skill_names():
+    return parts
+
+
+def _skill_path(ctx: ToolContext, user_path: str) -> tuple[str, str] | None:
+    """(Skill name, path inside it) when `user_path` points into a loaded Skill's folder, which
+    the file tools show read-only in place of any workspace folder of that name."""
+    parts = _skills_folder_parts(user_path)
+    if parts is None or parts[1] not in ctx.port.loaded_skill_names():
         return None
     return parts[1], "/".join(parts[2:])
 
 
 def _refuse_skill_write(ctx: ToolContext, user_path: str) -> None:
-    if _skill_path(ctx, user_path) is not None:
+    """`skills/<name>/` is reserved for every Skill the Session could load, loaded or not: a file
+    written there would later hide behind (or pass for) the Skill's own."""
+    from skills_app.catalog import usable_skills
+
+    parts = _skills_folder_parts(user_path)
+    if parts is None:
+        return
+    if parts[1] in ctx.port.loaded_skill_names() or parts[1] in {
+        s.name for s in usable_skills(ctx.tenant_id)
+    }:
         raise ToolError(
-            f"{user_path!r} is a file of a loaded skill, which is read-only; write your version to "
-            "another path (outside skills/)",
+            f"{user_path!r} is inside skills/{parts[1]}/, the read-only folder of a skill; write your "
+            "version to another path (outside skills/)",
             code="read_only",
         )
+
+
+class _WritesFiles:
+    """Tools that write, edit or delete files refuse a skill's folder before approval is asked."""
+
+    path_arguments = ("path",)
+
+    def precheck(self, ctx: ToolContext, args: dict) -> None:
+        for name in self.path_arguments:
+            value = args.get(name)
+            for path in value if isinstance(value, list) else [value] if isinstance(value, str) else []:
+                _refuse_skill_write(ctx, path)
 
 
 def _skill_entries(ctx: ToolContext, name: str, under: str) -> list[dict]:
@@ -111,7 +138,14 @@ def _skill_entries(ctx: ToolContext, name: str, under: str) -> list[dict]:
     for skill in loaded(ctx.tenant_id, [name]):
         for path, size in skill.resources:
             if not under or path == under or path.startswith(under.rstrip("/") + "/"):
-                entries.append({"path": f"{SKILLS_DIR}/{skill.name}/{path}", "kind": "file", "size": size})
+                entries.append(
+                    {
+                        "path": f"{SKILLS_DIR}/{skill.name}/{path}",
+                        "kind": "file",
+                        "size": size,
+                        "skill": skill.name,
+                    }
+                )
     return entries
 
 
@@ -189,14 +223,31 @@ class FsList(Tool):
         if skill is not None:
             entries = _skill_entries(ctx, *skill)
         else:
-            entries = list_tree(ctx.workspace, under, max_entries=MAX_LIST_ENTRIES + 1)
+            norm = posixpath.normpath(under.strip() or ".")
+            loaded = ctx.port.loaded_skill_names() if norm in (".", SKILLS_DIR) else []
+            if norm == SKILLS_DIR and loaded and not (ctx.workspace / SKILLS_DIR).is_dir():
+                entries = []  # only the loaded skills' folders are there
+            else:
+                entries = list_tree(ctx.workspace, under, max_entries=MAX_LIST_ENTRIES + 1)
+            if loaded:
+                # A loaded skill's folder shows its own files (read-only) in place of the workspace's.
+                folders = {f"{SKILLS_DIR}/{name}" for name in loaded}
+                entries = [
+                    e
+                    for e in entries
+                    if e["path"] not in folders and "/".join(e["path"].split("/")[:2]) not in folders
+                ]
+                for name in loaded:
+                    entries += _skill_entries(ctx, name, "")
         truncated = len(entries) > MAX_LIST_ENTRIES
         entries = entries[:MAX_LIST_ENTRIES]
         if not entries:
             where = "the workspace" if under in ("", ".") else repr(under)
             return ToolResult(content=f"{where} is empty", summary=f"listed {under}: empty")
         lines = [
-            f"{e['path']}/" if e["kind"] == "dir" else f"{e['path']}  ({_human_size(e['size'])})"
+            f"{e['path']}/"
+            if e["kind"] == "dir"
+            else f"{e['path']}  ({_human_size(e['size'])}{', read-only skill file' if e.get('skill') else ''})"
             for e in entries
         ]
         if truncated:
@@ -286,7 +337,7 @@ class FsRead(Tool):
         )
 
 
-class FsWrite(Tool):
+class FsWrite(_WritesFiles, Tool):
     name = "fs_write"
     description = (
         "Create or overwrite a text file in the workspace with `content`. Parent directories are created. "
@@ -323,7 +374,7 @@ class FsWrite(Tool):
         )
 
 
-class FsEdit(Tool):
+class FsEdit(_WritesFiles, Tool):
     name = "fs_edit"
     description = (
         "Replace `old_text` with `new_text` in a workspace file. `old_text` must match exactly (including "
@@ -382,7 +433,9 @@ class FsEdit(Tool):
         )
 
 
-class FsDeleteFiles(Tool):
+class FsDeleteFiles(_WritesFiles, Tool):
+    path_arguments = ("paths",)
+
     name = "fs_delete_files"
     description = (
         "Delete files from the workspace (not directories). All paths are checked first; if any is "
