@@ -120,13 +120,11 @@ def model_server():
         yield server
 
 
-@pytest.fixture
-def model_config_a(tenant_a, model_server):
-    """Tenant A's default model: the scripted server, through the real openai client."""
+def _scripted_model_config(tenant, model_server):
     from sessions_app.models import ModelConfig
 
     return ModelConfig.objects.create(
-        tenant=tenant_a,
+        tenant=tenant,
         name="scripted",
         base_url=model_server.base_url,
         model="scripted-model",
@@ -135,3 +133,15 @@ def model_config_a(tenant_a, model_server):
         is_default=True,
         configured_by_operator=True,  # set up by the test operator: loopback is fine
     )
+
+
+@pytest.fixture
+def model_config_a(tenant_a, model_server):
+    """Tenant A's default model: the scripted server, through the real openai client."""
+    return _scripted_model_config(tenant_a, model_server)
+
+
+@pytest.fixture
+def model_config_b(tenant_b, model_server):
+    """Tenant B's default model: the same scripted server."""
+    return _scripted_model_config(tenant_b, model_server)

@@ -2,7 +2,6 @@
 PostgreSQL, and the scripted model server on loopback."""
 
 import threading
-import time
 
 import pytest
 from django.db import connection
@@ -11,27 +10,9 @@ from sessions_app.models import RunnerSlice, Session, SessionEvent, Turn
 from tests.runtime.helpers import assert_gap_free, assert_tool_pairs
 from tests.support.model_server import text_reply, tool_call, tool_reply
 
-from .processes import database_env_for_workers, running, worker_command
+from .conftest import wait_for
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def worker(tmp_path):
-    log = tmp_path / "worker.log"
-    with running(worker_command("rt"), database_env_for_workers(), log) as proc:
-        proc.log_path = log
-        yield proc
-
-
-def wait_for(predicate, worker, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        assert worker.poll() is None, worker.log_path.read_text(errors="replace")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out; worker log:\n{worker.log_path.read_text(errors='replace')[-4000:]}")
 
 
 def test_a_tool_loop_runs_on_the_worker_to_completion(api_owner_a, model_config_a, model_server, worker):

@@ -16,21 +16,13 @@ from skills_app.models import Skill
 from tests.support.model_server import text_reply, tool_call, tool_reply
 from tests.tenancy.isolation import assert_cross_tenant_404
 
-from .processes import database_env_for_workers, manage, running, worker_command
-from .test_runtime_worker import wait_for
+from .conftest import wait_for
+from .processes import database_env_for_workers, manage
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "skills" / "research-guide"
 PREFERENCE = "Guides are written in British English with a glossary at the end."
-
-
-@pytest.fixture
-def worker(tmp_path):
-    log = tmp_path / "worker.log"
-    with running(worker_command("skills"), database_env_for_workers(), log) as proc:
-        proc.log_path = log
-        yield proc
 
 
 def _run(client, worker, text: str, title: str) -> str:

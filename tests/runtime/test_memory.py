@@ -69,20 +69,8 @@ def test_a_memory_saved_in_one_session_is_recalled_at_task_setup_of_the_next(
 
 
 def test_memories_are_never_recalled_for_another_user_or_tenant(
-    saved_preference, tenant_a, tenant_b, member_a, outsider_b, model_server
+    saved_preference, tenant_a, tenant_b, member_a, outsider_b, model_config_b, model_server
 ):
-    from sessions_app.models import ModelConfig
-
-    ModelConfig.objects.create(
-        tenant=tenant_b,
-        name="scripted-b",
-        base_url=model_server.base_url,
-        model="scripted-model",
-        context_window=32000,
-        max_output_tokens=1024,
-        is_default=True,
-        configured_by_operator=True,
-    )
     colleague = new_session(tenant_a, member_a)
     stranger = new_session(tenant_b, outsider_b)
     model_server.script(
