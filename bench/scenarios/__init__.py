@@ -47,5 +47,8 @@ SCENARIOS = {
         Scenario(
             "compaction", "7. A 300-step turn in an 8,000-token window: budget and compaction", "compaction"
         ),
+        Scenario(
+            "recall", "8. Recall: skills_find and memories at task setup as the catalogue grows", "recall"
+        ),
     )
 }

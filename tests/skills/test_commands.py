@@ -157,10 +157,9 @@ def test_seed_demo_imports_the_demo_skills_once(settings, tmp_path):
 
     second, _ = run("seed_demo")
 
-    assert (
-        "Demo skills: csv-cleanup, pdf-report, research-guide, support-weekly-report" in first
-        and first == second
-    )
+    # (The login line differs between runs outside embedded mode: the password is set once.)
+    skills_line = "Demo skills: csv-cleanup, pdf-report, research-guide, support-weekly-report"
+    assert skills_line in first.splitlines() and skills_line in second.splitlines()
     assert Skill.objects.filter(tenant__slug="demo").count() == 4
     assert SkillVersion.objects.filter(skill__tenant__slug="demo").count() == 5
     skill.refresh_from_db()
