@@ -72,7 +72,7 @@ def _timed(runs: int, call) -> tuple[list[float], int]:
 
 def _description(i: int) -> str:
     picked = [WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(6)]
-    return f"Skill {i}: how to handle {' '.join(picked)} tasks and deliver the result, checked."
+    return f"Skill {i} handles {' '.join(picked)} tasks and deliver the result, checked."
 
 
 def _add_skills(tenant, have: int, want: int) -> int:
