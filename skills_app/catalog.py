@@ -115,6 +115,64 @@ def loaded(tenant_id: int, names) -> list[LoadedSkill]:
     ]
 
 
+@dataclass
+class LoadDecision:
+    """Which of the Skills a model asked for may be loaded (`accepted`, with their bodies) and
+    which not (`rejected`: `{"skill", "reason"}`)."""
+
+    accepted: list[LoadedSkill]
+    rejected: list[dict]
+
+    def result(self, newly_added) -> dict:
+        """What `skills_load` answers, once the Session has the accepted ones."""
+        return {
+            "accepted_skill_ids": [s.id for s in self.accepted],
+            "loaded": [
+                {
+                    "id": s.id,
+                    "name": s.name,
+                    "version": s.version,
+                    "already_loaded": s.name not in newly_added,
+                    "resources": [f"skills/{s.name}/{path}" for path, _ in s.resources],
+                }
+                for s in self.accepted
+            ],
+            "rejected": self.rejected,
+        }
+
+
+def choose_to_load(
+    tenant_id: int, refs, *, loaded_now: list[LoadedSkill], room_tokens: int, cost
+) -> LoadDecision:
+    """The usable Skills among `refs` that fit: loaded Skills' instructions together may take
+    `room_tokens` (counted with `cost(text) -> tokens`); one already loaded costs nothing again."""
+    found, unknown = resolve(tenant_id, refs)
+    rejected = [{"skill": ref, "reason": "no usable skill by that name or id"} for ref in unknown]
+    current = {skill.name for skill in loaded_now}
+    room = room_tokens - sum(cost(skill.body) for skill in loaded_now)
+    bodies = {skill.name: skill for skill in loaded(tenant_id, [brief.name for brief in found])}
+    accepted = []
+    for brief in found:
+        skill = bodies.get(brief.name)
+        if skill is None:  # disabled between the two reads
+            rejected.append({"skill": brief.name, "reason": "no usable skill by that name or id"})
+            continue
+        if skill.name not in current:
+            needed = cost(skill.body)
+            if needed > room:
+                rejected.append(
+                    {
+                        "skill": skill.name,
+                        "reason": f"its instructions (~{needed} tokens) do not fit the room this model "
+                        f"leaves for loaded skills (~{max(room, 0)} tokens)",
+                    }
+                )
+                continue
+            room -= needed
+        accepted.append(skill)
+    return LoadDecision(accepted, rejected)
+
+
 class ResourceNotFound(LookupError):
     pass
 

@@ -102,57 +102,25 @@ class RuntimeSessionPort:
     def load_skills(self, refs: list[str]) -> dict:
         """Attach Skills (add-only): their bodies are in every request from the next step on."""
         context = self.context
-        found, unknown = skills_catalog.resolve(context.session.tenant_id, refs)
-        loaded_names = [skill.name for skill in context.loaded_skills]
-        room = int(context.budget * SKILL_SHARE_OF_BUDGET) - sum(
-            estimate_text_tokens(skill.body) for skill in context.loaded_skills
+        decision = skills_catalog.choose_to_load(
+            context.session.tenant_id,
+            refs,
+            loaded_now=context.loaded_skills,
+            room_tokens=int(context.budget * SKILL_SHARE_OF_BUDGET),
+            cost=estimate_text_tokens,
         )
-        accepted, rejected = (
-            [],
-            [{"skill": ref, "reason": "no usable skill by that name or id"} for ref in unknown],
-        )
-        new_bodies = {
-            s.name: s for s in skills_catalog.loaded(context.session.tenant_id, [b.name for b in found])
-        }
-        for brief in found:
-            if brief.name not in loaded_names:
-                cost = estimate_text_tokens(new_bodies[brief.name].body) if brief.name in new_bodies else 0
-                if cost > room:
-                    rejected.append(
-                        {
-                            "skill": brief.name,
-                            "reason": f"its instructions (~{cost} tokens) do not fit the room this model "
-                            f"leaves for loaded skills (~{max(room, 0)} tokens)",
-                        }
-                    )
-                    continue
-                room -= cost
-            accepted.append(brief)
         added = {"skills": []}
-        if accepted:
+        if decision.accepted:
             added = engine.add_selected_capabilities(
-                context.session_id, context.token, skills=[b.name for b in accepted], added_by="model"
+                context.session_id,
+                context.token,
+                skills=[skill.name for skill in decision.accepted],
+                added_by="model",
             )
             context.writer.forget()  # the next step re-reads its Skills
             # Calls later in this step may already read their resources.
-            context.loaded_skill_names = [*context.loaded_skill_names, *added.get("skills", [])]
-        return {
-            "accepted_skill_ids": [b.id for b in accepted],
-            "loaded": [
-                {
-                    "id": b.id,
-                    "name": b.name,
-                    "version": b.version,
-                    "already_loaded": b.name not in added.get("skills", []),
-                    "resources": [
-                        f"skills/{b.name}/{path}"
-                        for path, _ in (new_bodies[b.name].resources if b.name in new_bodies else ())
-                    ],
-                }
-                for b in accepted
-            ],
-            "rejected": rejected,
-        }
+            context.loaded_skill_names = [*context.loaded_skill_names, *added["skills"]]
+        return decision.result(added["skills"])
 
     def loaded_skill_names(self) -> list[str]:
         return list(self.context.loaded_skill_names)
