@@ -264,6 +264,9 @@ def parse_skill_md(data: bytes, *, folder: str | None = None) -> ParsedSkill:
         )
     try:
         values = yaml.load(frontmatter, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        # PyYAML parses nesting recursively: ~500 levels of `[` exhaust Python's stack.
+        raise SkillPackageError.one("frontmatter", "the frontmatter is nested too deeply") from None
     except yaml.YAMLError as exc:
         reason = _clipped(" ".join(str(exc).split()))
         raise SkillPackageError.one("frontmatter", f"the frontmatter is not valid YAML: {reason}") from None

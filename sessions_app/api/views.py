@@ -212,7 +212,7 @@ class SessionViewSet(
         purpose = request.query_params.get("purpose")
         if purpose:
             if purpose not in CallPurpose.values:
-                raise serializers.ValidationError({"purpose": f"Use one of {', '.join(CallPurpose.values)}."})
+                raise ParameterError("purpose", f"must be one of {', '.join(CallPurpose.values)}")
             rows = rows.filter(purpose=purpose)
         page = self.paginate_queryset(rows)
         return self.get_paginated_response(ModelCallSerializer(page, many=True).data)
@@ -224,8 +224,9 @@ class SessionViewSet(
     )
     def model_call_detail(self, request, pk=None, call_id=None):
         """One request's evidence with what it carried besides the history: the system prompt
-        as sent (goals, plan, loaded Skills, recalled memories, continuity state) and the tool
-        names offered. The history it sent is `first_message_id`..`last_message_id`."""
+        as sent (goals, plan, loaded Skills, recalled memories — their texts only for the
+        Session's owner —, continuity state) and the tool names offered. The history it sent is
+        `first_message_id`..`last_message_id`."""
         session = self.get_object()
         call = (
             ModelCall.objects.filter(session=session, pk=call_id)
@@ -234,7 +235,11 @@ class SessionViewSet(
         )
         if call is None:
             raise NotFound("No model call matches the given query.")
-        return Response(ModelCallDetailSerializer(call).data)
+        data = ModelCallDetailSerializer(call).data
+        if session.owner_id != request.user.pk:
+            # The Session is the tenant's to see; the owner's recalled memories are not.
+            data["system_prompt"] = engine.without_memories(data["system_prompt"])
+        return Response(data)
 
     @extend_schema(
         parameters=[OpenApiParameter("status", str, enum=ApprovalStatus.values)],

@@ -175,3 +175,25 @@ def test_a_turn_someone_else_sent_neither_recalls_nor_writes_the_owners_memory(
     )
     drive_until_idle(saved_preference)
     assert SessionEvent.objects.filter(session=saved_preference, type="memory.recalled").count() == 1
+
+
+def test_evidence_shows_the_recalled_memories_only_to_the_sessions_owner(
+    saved_preference, tenant_a, owner_a, model_server, api_owner_a, api_member_a
+):
+    """The Session is the tenant's to see, the owner's memories are not: a colleague reading
+    the request evidence sees that memories were recalled, never their texts."""
+    second = new_session(tenant_a, owner_a)
+    model_server.script("agent", text_reply("here is the report"))
+    send(second, "Write this week's report")
+    drive_until_idle(second)
+    call = ModelCall.objects.filter(session=second, purpose="agent").first()
+    url = f"/api/v1/sessions/{second.pk}/model-calls/{call.pk}/"
+
+    own = api_owner_a.get(url).json()["system_prompt"]
+    theirs = api_member_a.get(url)
+    assert PREFERENCE in own and "Recalled memories" in own
+    assert theirs.status_code == 200
+    prompt = theirs.json()["system_prompt"]
+    assert PREFERENCE not in prompt and "[1 recalled memory of the Session's owner: private]" in prompt
+    # Everything else of the prompt is the same.
+    assert prompt.split("[1 recalled")[0] == own.split("Recalled memories")[0]

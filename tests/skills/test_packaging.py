@@ -170,6 +170,7 @@ class TestSkillMdValidation:
             (skill_md(extra="".join(f"k{i}: v\n" for i in range(8000))), "frontmatter"),
             (skill_md("yes"), "name"),
             (skill_md(description="2024-01-01"), "description"),
+            (skill_md(extra="metadata: " + "[" * 2000 + "]" * 2000 + "\n"), "frontmatter"),
         ],
     )
     def test_it_refuses_naming_the_field(self, text, field):

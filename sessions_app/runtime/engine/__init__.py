@@ -34,6 +34,7 @@ from .context import (
     prompt_blob,
     skills_text,
     system_prompt,
+    without_memories,
 )
 from .fencing import LeaseLost, RunnerWriter, StaleSlice, lease_duration, locked_session
 from .history import (
@@ -154,6 +155,7 @@ __all__ = [
     "unanswered_calls",
     "update_session",
     "wire_message",
+    "without_memories",
     "without_nul",
     "workspace_dir",
     "workspace_path",
