@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .models import Skill, SkillFile
+from django.db.models.functions import Length
+
+from .models import Skill, SkillFile, SkillVersion
 from .recall import Document, rank
 
+SKILL_MD = "SKILL.md"
 # Offered by name and description in every request; past this, skills_find finds the rest.
 MAX_OFFERED = 30
 
@@ -32,7 +35,8 @@ class LoadedSkill:
     name: str
     version: int
     body: str
-    resources: tuple[tuple[str, int], ...]  # (path, size)
+    resources: tuple[tuple[str, int], ...]  # (path, size), SKILL.md aside
+    skill_md_size: int = 0
 
 
 def _usable(tenant_id: int, *, names=None, fields=None) -> list[Skill]:
@@ -108,9 +112,21 @@ def loaded(tenant_id: int, names) -> list[LoadedSkill]:
         .values_list("version_id", "path", "size")
     ):
         files.setdefault(version_id, []).append((path, size))
+    sizes = dict(
+        SkillVersion.objects.filter(pk__in=version_ids)
+        .annotate(size=Length("skill_md"))
+        .values_list("pk", "size")
+    )
     order = {name: i for i, name in enumerate(names)}
     return [
-        LoadedSkill(s.pk, s.name, s.version, s.body, tuple(files.get(s.current_version_id, ())))
+        LoadedSkill(
+            s.pk,
+            s.name,
+            s.version,
+            s.body,
+            tuple(files.get(s.current_version_id, ())),
+            sizes.get(s.current_version_id) or 0,
+        )
         for s in sorted(skills, key=lambda s: order.get(s.name, 0))
     ]
 
@@ -182,11 +198,15 @@ def read_resource(tenant_id: int, name: str, path: str) -> bytes:
     skills = _usable(tenant_id, names=[name], fields=("current_version",))
     if not skills or not skills[0].current_version_id:
         raise ResourceNotFound(name)
-    content = (
-        SkillFile.objects.filter(version_id=skills[0].current_version_id, path=path)
-        .values_list("content", flat=True)
-        .first()
-    )
+    version_id = skills[0].current_version_id
+    if path == SKILL_MD:
+        content = SkillVersion.objects.filter(pk=version_id).values_list("skill_md", flat=True).first()
+    else:
+        content = (
+            SkillFile.objects.filter(version_id=version_id, path=path)
+            .values_list("content", flat=True)
+            .first()
+        )
     if content is None:
         raise ResourceNotFound(path)
     return bytes(content)

@@ -9,6 +9,7 @@ Nothing here knows about Sessions beyond their ids; the runtime picks the root d
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import shutil
 import tempfile
@@ -193,6 +194,17 @@ def workspace_usage(workspace: Path, *, stop_after_files: int | None = None) -> 
     return files, size
 
 
+# The workspace folder where a Session's loaded Skills appear (tools_app/native/files.py), read-only:
+# nothing is written there, by the agent or a person, so nothing there can pass for a Skill's file.
+SKILLS_FOLDER = "skills"
+
+
+def in_skills_folder(path: str) -> bool:
+    """Whether a workspace-relative path (as typed, or resolved) is `skills` or inside it."""
+    norm = posixpath.normpath(path.strip().replace("\\", "/"))
+    return not norm.startswith("/") and norm.split("/")[0] == SKILLS_FOLDER
+
+
 def upload_destination(workspace: Path, file_name: str, user_path: str | None) -> Path:
     """Where an uploaded file lands: `user_path` (a directory when it ends in "/") or its own name."""
     name = PurePosixPath(file_name.replace("\\", "/")).name
@@ -210,6 +222,12 @@ def upload_destination(workspace: Path, file_name: str, user_path: str | None) -
     elif target.endswith("/"):
         target = target + name
     path = resolve_in_workspace(workspace, target)
+    if in_skills_folder(target) or in_skills_folder(relative_posix(workspace, path)):
+        raise ToolError(
+            f"{target[:200]!r} is in {SKILLS_FOLDER}/, where the agent sees its loaded skills "
+            "(read-only); upload it somewhere else",
+            code="reserved_path",
+        )
     if path == _root_of(workspace) or path.is_dir():
         raise ToolError(
             f"{target!r} is a directory; end the path with '/' to upload into it", code="is_a_directory"

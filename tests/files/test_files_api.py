@@ -438,6 +438,24 @@ class TestHostileNames:
         landed = upload(api_owner_a, session_a, name, b"x")
         assert landed.status_code == 201 and landed.json()["path"].isprintable()
 
+    @pytest.mark.parametrize(
+        "path", ["skills/pdf-report/SKILL.md", "skills/", "./skills/x/y.txt", "a/../skills/z"]
+    )
+    def test_uploads_into_the_skills_folder_are_refused(self, api_owner_a, session_a, workspace, path):
+        """skills/ is where the agent sees its loaded Skills, read-only: an upload there could
+        pass for a Skill's file (QA)."""
+        response = upload(api_owner_a, session_a, "SKILL.md", b"PLANTED", path=path)
+        assert "skills/" in assert_error_shape(response, 400, "reserved_path")["message"]
+        assert not (workspace / "skills").exists()
+
+    def test_a_symlink_into_the_skills_folder_is_refused_too(self, api_owner_a, session_a, workspace):
+        (workspace / "skills").mkdir()
+        (workspace / "docs").symlink_to(workspace / "skills")
+        assert_error_shape(
+            upload(api_owner_a, session_a, "x.txt", b"x", path="docs/x.txt"), 400, "reserved_path"
+        )
+        assert not (workspace / "skills" / "x.txt").exists()
+
     def test_a_name_of_the_full_255_bytes_uploads(self, api_owner_a, session_a, workspace):
         name = "n" * 251 + ".txt"
 

@@ -20,6 +20,8 @@ from ..base import Tool, ToolContext, ToolError, ToolResult
 from ..workspace import (
     MAX_READ_BYTES,
     MAX_WRITE_BYTES,
+    SKILLS_FOLDER,
+    in_skills_folder,
     list_tree,
     relative_posix,
     resolve_in_workspace,
@@ -79,48 +81,31 @@ def _decode(data: bytes, user_path: str) -> str:
 
 
 # --- loaded Skills' resources: read-only under skills/<name>/ ---------------------------------
+#
+# `skills/` of the workspace shows the Session's loaded Skills and nothing else: their files are
+# read from the Skill (never written to disk), and nothing is written there (by a tool or a
+# person's upload), so nothing can pass for a Skill's file.
 
-SKILLS_DIR = "skills"
 
-
-def _skills_folder_parts(user_path: str) -> list[str] | None:
-    """The parts of `user_path` when it points under `skills/<name>/`, normalised."""
-    norm = posixpath.normpath(user_path.strip().replace("\\", "/"))
-    parts = norm.split("/")
-    if len(parts) < 2 or parts[0] != SKILLS_DIR or norm.startswith("/"):
+def _skill_path(user_path: str) -> tuple[str, str] | None:
+    """(Skill name, path inside it; name "" for the folder itself) when `user_path` is in skills/."""
+    if not in_skills_folder(user_path):
         return None
-    return parts
-
-
-def _skill_path(ctx: ToolContext, user_path: str) -> tuple[str, str] | None:
-    """(Skill name, path inside it) when `user_path` points into a loaded Skill's folder, which
-    the file tools show read-only in place of any workspace folder of that name."""
-    parts = _skills_folder_parts(user_path)
-    if parts is None or parts[1] not in ctx.port.loaded_skill_names():
-        return None
-    return parts[1], "/".join(parts[2:])
+    parts = posixpath.normpath(user_path.strip().replace("\\", "/")).split("/")
+    return (parts[1] if len(parts) > 1 else ""), "/".join(parts[2:])
 
 
 def _refuse_skill_write(ctx: ToolContext, user_path: str) -> None:
-    """`skills/<name>/` is reserved for every Skill the Session could load, loaded or not: a file
-    written there would later hide behind (or pass for) the Skill's own."""
-    from skills_app.catalog import usable_skills
-
-    parts = _skills_folder_parts(user_path)
-    if parts is None:
-        return
-    if parts[1] in ctx.port.loaded_skill_names() or parts[1] in {
-        s.name for s in usable_skills(ctx.tenant_id)
-    }:
+    if in_skills_folder(user_path):
         raise ToolError(
-            f"{user_path!r} is inside skills/{parts[1]}/, the read-only folder of a skill; write your "
-            "version to another path (outside skills/)",
+            f"{user_path!r} is in {SKILLS_FOLDER}/, where loaded skills appear read-only; write your "
+            "version to another path",
             code="read_only",
         )
 
 
 class _WritesFiles:
-    """Tools that write, edit or delete files refuse a skill's folder before approval is asked."""
+    """Tools that write, edit or delete files refuse skills/ before approval is asked."""
 
     path_arguments = ("path",)
 
@@ -131,16 +116,28 @@ class _WritesFiles:
                 _refuse_skill_write(ctx, path)
 
 
+def _loaded_skill(ctx: ToolContext, name: str, user_path: str) -> str:
+    loaded = ctx.port.loaded_skill_names()
+    if name not in loaded:
+        shown = ", ".join(loaded) if loaded else "none yet"
+        raise ToolError(
+            f"{user_path!r}: {SKILLS_FOLDER}/ shows only the skills loaded in this session ({shown}); "
+            "load one with skills_load to read its files",
+            code="not_found",
+        )
+    return name
+
+
 def _skill_entries(ctx: ToolContext, name: str, under: str) -> list[dict]:
     from skills_app.catalog import loaded
 
     entries = []
     for skill in loaded(ctx.tenant_id, [name]):
-        for path, size in skill.resources:
+        for path, size in (("SKILL.md", skill.skill_md_size), *skill.resources):
             if not under or path == under or path.startswith(under.rstrip("/") + "/"):
                 entries.append(
                     {
-                        "path": f"{SKILLS_DIR}/{skill.name}/{path}",
+                        "path": f"{SKILLS_FOLDER}/{skill.name}/{path}",
                         "kind": "file",
                         "size": size,
                         "skill": skill.name,
@@ -149,9 +146,24 @@ def _skill_entries(ctx: ToolContext, name: str, under: str) -> list[dict]:
     return entries
 
 
+def _list_skills(ctx: ToolContext, under: str) -> list[dict]:
+    name, inner = _skill_path(under)
+    if not name:
+        return [
+            e for loaded_name in ctx.port.loaded_skill_names() for e in _skill_entries(ctx, loaded_name, "")
+        ]
+    entries = _skill_entries(ctx, _loaded_skill(ctx, name, under), inner)
+    if not entries:
+        raise ToolError(f"skill {name} has no file or folder {inner!r}", code="not_found")
+    return entries
+
+
 def _read_skill_text(ctx: ToolContext, name: str, path: str, user_path: str) -> str:
     from skills_app.catalog import ResourceNotFound, read_resource
 
+    if not name:
+        raise ToolError(f"{user_path!r} is a directory; use fs_list", code="is_a_directory")
+    _loaded_skill(ctx, name, user_path)
     try:
         data = read_resource(ctx.tenant_id, name, path)
     except ResourceNotFound as exc:
@@ -219,26 +231,15 @@ class FsList(Tool):
 
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:
         under = args.get("path") or "."
-        skill = _skill_path(ctx, under)
-        if skill is not None:
-            entries = _skill_entries(ctx, *skill)
+        if in_skills_folder(under):
+            entries = _list_skills(ctx, under)
         else:
-            norm = posixpath.normpath(under.strip() or ".")
-            loaded = ctx.port.loaded_skill_names() if norm in (".", SKILLS_DIR) else []
-            if norm == SKILLS_DIR and loaded and not (ctx.workspace / SKILLS_DIR).is_dir():
-                entries = []  # only the loaded skills' folders are there
-            else:
-                entries = list_tree(ctx.workspace, under, max_entries=MAX_LIST_ENTRIES + 1)
-            if loaded:
-                # A loaded skill's folder shows its own files (read-only) in place of the workspace's.
-                folders = {f"{SKILLS_DIR}/{name}" for name in loaded}
-                entries = [
-                    e
-                    for e in entries
-                    if e["path"] not in folders and "/".join(e["path"].split("/")[:2]) not in folders
-                ]
-                for name in loaded:
-                    entries += _skill_entries(ctx, name, "")
+            entries = list_tree(ctx.workspace, under, max_entries=MAX_LIST_ENTRIES + 1)
+            if posixpath.normpath(under.strip() or ".") == ".":
+                # skills/ shows the loaded skills (read-only), whatever the disk holds there.
+                entries = [e for e in entries if not in_skills_folder(e["path"])] + _list_skills(
+                    ctx, SKILLS_FOLDER
+                )
         truncated = len(entries) > MAX_LIST_ENTRIES
         entries = entries[:MAX_LIST_ENTRIES]
         if not entries:
@@ -291,10 +292,10 @@ class FsRead(Tool):
 
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:
         user_path = args["path"]
-        skill = _skill_path(ctx, user_path)
+        skill = _skill_path(user_path)
         if skill is not None:
             text = _read_skill_text(ctx, *skill, user_path)
-            rel = f"{SKILLS_DIR}/{skill[0]}/{skill[1]}"
+            rel = f"{SKILLS_FOLDER}/{skill[0]}/{skill[1]}"
         else:
             path = resolve_in_workspace(ctx.workspace, user_path, must_exist=True)
             text = _read_text(path, user_path)
