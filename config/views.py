@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 import uuid
 
+from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db import connection
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
+from django.utils.html import escape
 from django.views import defaults
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
@@ -121,6 +123,16 @@ def bad_request(request, exception=None):
             # Raised outside a DRF view (e.g. by middleware reading the form): still a 413.
             return json_error_response(413, "payload_too_large", str(PayloadTooLarge().detail))
         return json_error_response(400, "bad_request", "The request could not be understood.")
+    if isinstance(exception, RequestDataTooBig):
+        # A browser form (say, a pasted SKILL.md in admin) over the body limit: say which limit.
+        size = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        limit = f"{size / 1024 / 1024:.1f} MB" if size >= 1024 * 1024 else f"{size // 1024} KB"
+        return HttpResponse(
+            "<!doctype html><title>Too large</title><h1>The form is too large</h1>"
+            f"<p>Form fields may hold at most {limit} in all (XAGENT_MAX_BODY_BYTES). Upload large "
+            f"content as a file instead (a Skill as a zip).</p><p><a href='{escape(request.path)}'>Back to the form</a></p>",
+            status=413,
+        )
     return defaults.bad_request(request, exception)
 
 

@@ -65,6 +65,8 @@ def session_detail(request, session_id):
         "ws": f"/ws/sessions/{session.pk}/",
         # The session API lists every tool the Session has; the card shows only the extra ones.
         "defaultTools": default_tool_names(),
+        # Whose Session it is: memories recalled for it are the owner's, private to them.
+        "owner": session.owner.get_username() if session.owner_id else "",
     }
     return render(
         request,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.db.models import Q
 
 from .access import admin_tenant_ids
@@ -41,6 +42,15 @@ class TenantScopedAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         return self._scoped(request, super().get_queryset(request))
+
+    def response_action(self, request, queryset):
+        # Django filters the selection with the posted ids as they come: a crafted non-number
+        # would be a 500. It selects nothing instead.
+        try:
+            return super().response_action(request, queryset)
+        except (ValueError, ValidationError):
+            self.message_user(request, "The selection was not valid; nothing was changed.", messages.WARNING)
+            return None
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         field = super().formfield_for_foreignkey(db_field, request, **kwargs)

@@ -181,6 +181,10 @@ class MessageSerializer(serializers.ModelSerializer):
     # Which input a user message came from ("message" or "guidance", null otherwise): guidance is
     # stored as written and framed only for the model, so clients label it from this.
     input_kind = serializers.CharField(source="input.kind", default=None, read_only=True, allow_null=True)
+    # Who sent a user message (a Session is the tenant's: colleagues may write in it too).
+    author = serializers.CharField(
+        source="input.created_by.username", default=None, read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Message
@@ -188,6 +192,7 @@ class MessageSerializer(serializers.ModelSerializer):
             "id",
             "role",
             "input_kind",
+            "author",
             "content",
             "tool_calls",
             "tool_call_id",

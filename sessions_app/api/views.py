@@ -163,7 +163,9 @@ class SessionViewSet(
     def messages(self, request, pk=None):
         session = self.get_object()
         after = _int_param(request, "after")
-        page = self.paginate_queryset(session.messages.filter(id__gt=after).select_related("input"))
+        page = self.paginate_queryset(
+            session.messages.filter(id__gt=after).select_related("input__created_by")
+        )
         return self.get_paginated_response(MessageSerializer(page, many=True).data)
 
     @extend_schema(

@@ -298,6 +298,13 @@
     if (!card.isConnected) keepScrolled(() => ui.streamSlot.append(card));
   }
 
+  /** "Agent", or who sent a user message: "You", or the colleague's name (a Session is the tenant's). */
+  function authorLabel(message) {
+    if (message.role === "assistant") return "Agent";
+    if (message.role !== "user") return message.role;
+    return message.author && message.author !== USERNAME ? message.author : "You";
+  }
+
   function messageShell(message, extraClass) {
     return el(
       "li",
@@ -308,7 +315,7 @@
       el(
         "div",
         { className: "message-meta" },
-        el("span", { className: "message-author", text: message.role === "assistant" ? "Agent" : message.role === "user" ? "You" : message.role }),
+        el("span", { className: "message-author", text: authorLabel(message) }),
         extraClass === "guidance" ? el("span", { className: "badge", text: "guidance" }) : null,
         timeElement(message.created_at, { clock: true })
       )
@@ -633,6 +640,27 @@
   function memoryRecalledNote(seq, data, live) {
     const ids = names(data.memory_ids);
     if (!ids.length) return;
+    const count = `${ids.length} memor${ids.length === 1 ? "y" : "ies"}`;
+    if (boot.owner && boot.owner !== USERNAME) {
+      // Someone else's memories: that they were recalled is the Session's, what they say is not.
+      eventNote(seq, data, live, () =>
+        el(
+          "li",
+          {
+            className: "turn-note event-note memory-note",
+            dataset: { testid: "memory-recalled", memoryIds: ids.join(" ") },
+            attrs: { role: "status" },
+          },
+          el("span", { className: "turn-note-icon", attrs: { "aria-hidden": "true" }, text: "✦" }),
+          el("div", {
+            className: "turn-note-lines",
+            dataset: { testid: "memory-recalled-summary" },
+            text: `Recalled ${ids.length} of ${boot.owner}'s memor${ids.length === 1 ? "y" : "ies"} for this task (private to them)`,
+          })
+        )
+      );
+      return;
+    }
     eventNote(seq, data, live, () => {
       const list = el("ul", { className: "recalled-memories", dataset: { testid: "recalled-memories" } });
       const details = el(
@@ -640,7 +668,7 @@
         { className: "memory-recall" },
         el("summary", {
           dataset: { testid: "memory-recalled-summary" },
-          text: `Recalled ${ids.length} memor${ids.length === 1 ? "y" : "ies"} for this task`,
+          text: `Recalled ${count} for this task`,
         }),
         list,
         el("p", { className: "memory-recall-foot muted" }, el("a", { attrs: { href: "/memories/" }, text: "Manage your memories" }))

@@ -261,3 +261,40 @@ def test_a_later_session_shows_the_recalled_memories_and_one_deleted_since(page,
     note.get_by_test_id("memory-recalled-summary").click()
     expect(note.locator("[data-testid=recalled-memory][data-state=deleted]")).to_have_text(["(deleted)"])
     expect(note.locator("[data-testid=recalled-memory][data-state=ok]")).to_contain_text(PREFERENCE)
+
+
+def test_a_colleague_sees_who_wrote_and_that_memories_were_recalled_but_not_what_they_say(
+    page, browser, stack
+):
+    """A Session is the tenant's; the owner's memories are not. bob (a member) opens demo's
+    Session: demo's message is labelled "demo", not "You", and the recall note names whose
+    memories they were without unfolding to them."""
+    log_in(page)
+    new_session(page, "Shared report", REPORT_TASK)
+    expect(assistant_messages(page).last).to_contain_text("Here is the report.", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("[data-testid=message][data-role=user] .message-author")).to_have_text(["You"])
+    url = page.url
+
+    context = browser.new_context(base_url=stack.base, viewport={"width": 1360, "height": 900})
+    colleague = context.new_page()
+    colleague.set_default_timeout(UI_TIMEOUT_MS)
+    errors = []
+    colleague.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        log_in(colleague, "bob", "bob-password-1")
+        colleague.goto(url)
+        expect(colleague.get_by_test_id("live-indicator")).to_have_attribute("data-state", "live")
+        expect(colleague.locator("[data-testid=message][data-role=user] .message-author")).to_have_text(
+            ["demo"]
+        )
+        note = colleague.get_by_test_id("memory-recalled")
+        expect(note).to_have_count(1)
+        # (The test before deleted one of demo's memories: one or two are left to recall.)
+        expect(note).to_have_text(
+            re.compile(r"Recalled [12] of demo's memor(y|ies) for this task \(private to them\)")
+        )
+        expect(note.locator("details")).to_have_count(0)
+        expect(colleague.locator("#messages")).not_to_contain_text(PREFERENCE)
+    finally:
+        context.close()
+    assert not errors, errors

@@ -293,6 +293,13 @@ class TestActions:
         shown = [str(m) for m in get_messages(response.wsgi_request)]
         assert shown == ["None of the selected Skills can be exported."]
 
+    def test_a_crafted_selection_is_refused_not_a_500(self, tenant_admin):
+        for ids in (["abc"], ["1 OR 1=1"]):
+            response = tenant_admin.post(f"{ADMIN}/", {"action": "export_selected", "_selected_action": ids})
+            assert response.status_code in (200, 302), response.status_code
+            shown = [str(m) for m in get_messages(response.wsgi_request)]
+            assert "The selection was not valid; nothing was changed." in shown
+
     def test_enable_and_disable(self, tenant_admin, tenant_a):
         skill = add(tenant_a, "demo-skill")
         tenant_admin.post(f"{ADMIN}/", {"action": "disable_selected", "_selected_action": [skill.pk]})
@@ -312,3 +319,14 @@ def test_the_pages_render(root, tenant_a):
     assert 'name="description"' not in change_page  # the projection is read-only
     listing = root.get(f"{ADMIN}/").content.decode()
     assert "pdf-report" in listing and "acme" in listing
+
+
+def test_a_pasted_skill_md_over_the_body_limit_gets_a_page_that_says_so(root, tenant_a, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 50_000
+    response = root.post(
+        f"{ADMIN}/add/", {"tenant": tenant_a.pk, "skill_md": skill_md(body="x" * 60_000)}, follow=False
+    )
+    assert response.status_code == 413
+    page = response.content.decode()
+    assert "too large" in page and "0.0 MB" not in page and "XAGENT_MAX_BODY_BYTES" in page
+    assert not Skill.objects.exists()
