@@ -83,6 +83,8 @@ def test_history_events_plan_and_evidence_after_a_run(api_owner_a, session_a, mo
 
     messages = api_owner_a.get(f"{base}/messages/").json()["results"]
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    # `send` enqueues as no person; an API input names its sender (checked below).
+    assert [m["author"] for m in messages] == [None, None, None, None]
     assert messages[1]["tool_calls"][0]["id"] == "c1" and messages[2]["tool_call_id"] == "c1"
     after = api_owner_a.get(f"{base}/messages/?after={messages[1]['id']}").json()["results"]
     assert [m["id"] for m in after] == [m["id"] for m in messages[2:]]
@@ -97,8 +99,13 @@ def test_history_events_plan_and_evidence_after_a_run(api_owner_a, session_a, mo
     assert api_owner_a.get(f"{base}/plan/").json() == {
         "plan": {"title": "P", "tasks": [{"id": "t1", "title": "a", "status": "pending"}]}
     }
+    accepted = api_owner_a.post(f"{base}/inputs/", {"text": "and again"}, format="json")
+    assert accepted.status_code == 202
+    drive_until_idle(session_a)
+    latest = api_owner_a.get(f"{base}/messages/?after={messages[-1]['id']}").json()["results"]
+    assert (latest[0]["role"], latest[0]["author"]) == ("user", "owner_a")
     calls = api_owner_a.get(f"{base}/model-calls/").json()["results"]
-    assert len(calls) == 2 and calls[0]["finish_reason"] == "tool_calls" and calls[1]["message_count"] == 3
+    assert len(calls) == 3 and calls[0]["finish_reason"] == "tool_calls" and calls[1]["message_count"] == 3
     assert api_owner_a.get(f"{base}/").json()["usage"]["completion_tokens"] > 0
 
 
