@@ -485,9 +485,19 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"handled_as_warning": {"()": "config.log_filters.HandledAsWarning"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "console_handled": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["handled_as_warning"],
+        },
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        # Answered by config.views.bad_request with a page (browser) or a 413 (API).
+        "django.security.RequestDataTooBig": {"handlers": ["console_handled"], "propagate": False},
         "django.server": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
         "celery": {"level": "WARNING" if EMBEDDED else LOG_LEVEL},

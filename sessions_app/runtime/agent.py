@@ -235,7 +235,7 @@ class SliceContext:
             self.turn_id = turn_id
             self.progress = engine.TurnProgress(turn.steps, dict(turn.guard_state))
             self.progress_saved = engine.TurnProgress(turn.steps, dict(turn.guard_state))
-            self.memory_user_id = engine.memory_user_id(session, engine.turn_author_id(turn_id))
+            self.memory_user_id = engine.memory_user_id(session, engine.turn_author_ids(turn_id))
             self.memories = memory.texts(session.tenant_id, self.memory_user_id, turn.recalled_memory_ids)
         plan = Plan.objects.filter(session_id=self.session_id).prefetch_related("tasks").first()
         self.plan = plan.as_dict() if plan is not None else None

@@ -655,7 +655,7 @@
           el("div", {
             className: "turn-note-lines",
             dataset: { testid: "memory-recalled-summary" },
-            text: `Recalled ${ids.length} of ${boot.owner}'s memor${ids.length === 1 ? "y" : "ies"} for this task (private to them)`,
+            text: `Recalled ${ids.length} of ${boot.owner}'s memories for this task (private to them)`,
           })
         )
       );

@@ -291,7 +291,7 @@ def test_a_colleague_sees_who_wrote_and_that_memories_were_recalled_but_not_what
         expect(note).to_have_count(1)
         # (The test before deleted one of demo's memories: one or two are left to recall.)
         expect(note).to_have_text(
-            re.compile(r"Recalled [12] of demo's memor(y|ies) for this task \(private to them\)")
+            re.compile(r"Recalled [12] of demo's memories for this task \(private to them\)")
         )
         expect(note.locator("details")).to_have_count(0)
         expect(colleague.locator("#messages")).not_to_contain_text(PREFERENCE)

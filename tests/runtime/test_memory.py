@@ -197,3 +197,34 @@ def test_evidence_shows_the_recalled_memories_only_to_the_sessions_owner(
     assert PREFERENCE not in prompt and "[1 recalled memory of the Session's owner: private]" in prompt
     # Everything else of the prompt is the same.
     assert prompt.split("[1 recalled")[0] == own.split("Recalled memories")[0]
+
+
+def test_a_colleagues_guidance_joining_the_owners_turn_turns_memory_off_for_the_rest_of_it(
+    saved_preference, tenant_a, owner_a, member_a, model_server
+):
+    """Guidance joins the running turn: from then on the turn is no longer the owner's alone,
+    so the recalled memories leave the request and the memory tools refuse."""
+    from sessions_app.runtime import brain, engine
+
+    second = new_session(tenant_a, owner_a)
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("fs_list", {}, id="look")]),
+        tool_reply([tool_call("memory_search", {"query": "weekly reports"}, id="peek")]),
+        text_reply("done"),
+    )
+    engine.enqueue_input(second.pk, kind="message", payload={"text": "Write the weekly report"}, user=owner_a)
+    assert brain.drive(second.pk, max_steps=1) == "yielded"
+    engine.enqueue_input(
+        second.pk,
+        kind="guidance",
+        payload={"text": "Also, what do you remember about reports?"},
+        user=member_a,
+    )
+    drive_until_idle(second)
+
+    prompts = [r.body["messages"][0]["content"] for r in model_server.requests_for("agent")[-3:]]
+    assert PREFERENCE in prompts[0]  # the owner's turn, before the colleague joined
+    assert all(PREFERENCE not in p for p in prompts[1:])
+    peek = _result(second, "peek")
+    assert peek.is_error and "memory_unavailable" in peek.content and PREFERENCE not in peek.content

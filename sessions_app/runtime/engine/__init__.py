@@ -83,7 +83,7 @@ from .turns import (
     set_status,
     start_turn,
     take_boundary,
-    turn_author_id,
+    turn_author_ids,
 )
 
 __all__ = [
@@ -146,7 +146,7 @@ __all__ = [
     "skills_text",
     "memory_user_id",
     "start_turn",
-    "turn_author_id",
+    "turn_author_ids",
     "state_budget",
     "stored_calls",
     "system_prompt",

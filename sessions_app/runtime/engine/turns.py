@@ -75,28 +75,28 @@ def start_turn(session_id, token, input: Input) -> Turn:
         session.current_turn = turn
         Session.objects.filter(pk=session.pk).update(current_turn=turn)
         emit(session, "turn.started", {"turn_id": turn.pk})
-        if input.kind == InputKind.MESSAGE and memory_user_id(session, input.created_by_id) is not None:
+        if input.kind == InputKind.MESSAGE and memory_user_id(session, [input.created_by_id]) is not None:
             _recall_memories(session, turn, request)
         set_status(session, SessionStatus.RUNNING)
     return turn
 
 
-def memory_user_id(session: Session, author_id: int | None) -> int | None:
-    """Whose long-term memory a turn uses: the Session owner's, when the owner (or the product,
-    with no author) asked. Memory is personal: a turn someone else started in this Session
-    neither recalls nor writes anyone's memory, so nobody reads or plants another's memories."""
-    if session.owner_id is None or author_id not in (None, session.owner_id):
+def memory_user_id(session: Session, author_ids) -> int | None:
+    """Whose long-term memory a turn uses: the Session owner's, when only the owner (or the
+    product, with no author) wrote into it. Memory is personal: a turn someone else started or
+    joined (guidance) neither recalls nor writes anyone's memory, so nobody reads or plants
+    another's memories through the agent."""
+    if session.owner_id is None or any(author not in (None, session.owner_id) for author in author_ids):
         return None
     return session.owner_id
 
 
-def turn_author_id(turn_id: int) -> int | None:
-    """Who sent the message a turn started from (None: no person, e.g. a Session event)."""
-    return (
-        Input.objects.filter(turn_id=turn_id, kind__in=TURN_STARTING_KINDS)
-        .order_by("id")
-        .values_list("created_by_id", flat=True)
-        .first()
+def turn_author_ids(turn_id: int) -> set[int | None]:
+    """Who wrote the messages and guidance of a turn (None: no person, e.g. a Session event)."""
+    return set(
+        Input.objects.filter(turn_id=turn_id, kind__in=TURN_STARTING_KINDS).values_list(
+            "created_by_id", flat=True
+        )
     )
 
 
