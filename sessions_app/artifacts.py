@@ -19,6 +19,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from config.safe_markdown import render_markdown
+
 # Files larger than this are listed in a delivery but not parsed.
 MAX_CHECK_BYTES = 20 * 1024 * 1024
 MAX_HTML_CHECK_BYTES = 20 * 1024 * 1024
@@ -299,54 +301,6 @@ def check_file(path: Path, rel: str) -> Check:
 # --- previews ---------------------------------------------------------------------------------
 
 
-def _markdown_html(text: str) -> str:
-    import nh3
-    from markdown_it import MarkdownIt
-
-    rendered = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
-    # Links keep their text and target but open nothing in the app's window; no images
-    # from elsewhere (the product works offline and a preview must not call out).
-    return nh3.clean(
-        rendered,
-        tags={
-            "a",
-            "abbr",
-            "b",
-            "blockquote",
-            "br",
-            "code",
-            "del",
-            "em",
-            "h1",
-            "h2",
-            "h3",
-            "h4",
-            "h5",
-            "h6",
-            "hr",
-            "i",
-            "li",
-            "ol",
-            "p",
-            "pre",
-            "s",
-            "strong",
-            "sub",
-            "sup",
-            "table",
-            "tbody",
-            "td",
-            "th",
-            "thead",
-            "tr",
-            "ul",
-        },  # fmt: skip
-        attributes={"a": {"href", "title"}, "th": {"align"}, "td": {"align"}},
-        url_schemes={"http", "https", "mailto"},
-        link_rel="noopener noreferrer nofollow",
-    )
-
-
 def _looks_like_text(path: Path) -> bool:
     head = _read_bytes(path, 8192)
     if b"\x00" in head:
@@ -423,5 +377,5 @@ def preview(path: Path, rel: str, raw_url: str) -> dict:
             "truncated": truncated,
         }
     if kind == "markdown":
-        return {**base, "kind": "markdown", "html": _markdown_html(text), "truncated": truncated}
+        return {**base, "kind": "markdown", "html": render_markdown(text), "truncated": truncated}
     return as_text

@@ -17,12 +17,12 @@ from django.http import HttpResponse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from config.safe_markdown import render_markdown
 from tenancy_app.admin import TenantScopedAdmin
 
 from . import packaging
 from .choices import SkillSource
 from .models import Skill, SkillFile, SkillVersion
-from .preview import render_markdown
 
 PROJECTION_FIELDS = ["name", "tenant", "version", "updated_at"]
 FRONTMATTER_FIELDS = ["description", "license", "compatibility", "metadata", "allowed_tools"]

@@ -1,5 +1,5 @@
-"""A Skill body as safe HTML for admin: markdown-it (raw HTML off), then nh3 with an allow-list,
-the same recipe as the workspace's Markdown previews (skills_app cannot import sessions_app)."""
+"""Markdown as safe HTML, the one recipe for every preview (workspace files, Skill bodies in
+admin): markdown-it with raw HTML off, then nh3 with an allow-list."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ def render_markdown(text: str) -> str:
     from markdown_it import MarkdownIt
 
     rendered = MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
-    # No images from elsewhere (a preview must not call out); links open nothing in this window.
+    # Links keep their text and target but open nothing in the app's window; no images
+    # from elsewhere (the product works offline and a preview must not call out).
     return nh3.clean(
         rendered,
         tags=ALLOWED_TAGS,
