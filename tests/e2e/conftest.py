@@ -1,5 +1,7 @@
 """Shared by the browser tests: one Chromium per test module (each module serves its own stack)."""
 
+from contextlib import contextmanager
+
 import pytest
 
 
@@ -13,3 +15,24 @@ def browser():
         chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+
+
+@contextmanager
+def watched_page(browser, base_url=None, log=None):
+    """A fresh browser context and page that fails the test on any JavaScript error (with the
+    tail of the server `log`, when given)."""
+    from .test_workspace import UI_TIMEOUT_MS
+
+    context = browser.new_context(
+        **({"base_url": base_url} if base_url else {}), viewport={"width": 1360, "height": 900}
+    )
+    page = context.new_page()
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield page
+    finally:
+        context.close()
+    tail = f"\n{log.read_text(errors='replace')[-3000:]}" if log is not None else ""
+    assert not errors, f"JavaScript errors in the page: {errors}{tail}"

@@ -19,7 +19,8 @@ import pytest
 from tests.support.model_server import ScriptedModelServer, json_reply, text_reply, tool_call, tool_reply
 
 from ..integration.processes import served_embedded
-from .test_workspace import LIVE_TIMEOUT_MS, SESSION_URL, UI_TIMEOUT_MS, assistant_messages, expect, log_in
+from .conftest import watched_page
+from .test_workspace import LIVE_TIMEOUT_MS, SESSION_URL, assistant_messages, expect, log_in
 
 PREFERENCE = "Weekly reports go in Markdown tables, never in PDF."
 DECISION = "The support KPI report covers the last seven days."
@@ -101,16 +102,8 @@ def stack(tmp_path_factory, model_server):
 
 @pytest.fixture
 def page(browser, stack):
-    context = browser.new_context(base_url=stack.base, viewport={"width": 1360, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    errors = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert not errors, (
-        f"JavaScript errors in the page: {errors}\n{stack.log.read_text(errors='replace')[-3000:]}"
-    )
+    with watched_page(browser, stack.base, stack.log) as page:
+        yield page
 
 
 def memory_ids(stack, text) -> list[int]:
@@ -275,12 +268,7 @@ def test_a_colleague_sees_who_wrote_and_that_memories_were_recalled_but_not_what
     expect(page.locator("[data-testid=message][data-role=user] .message-author")).to_have_text(["You"])
     url = page.url
 
-    context = browser.new_context(base_url=stack.base, viewport={"width": 1360, "height": 900})
-    colleague = context.new_page()
-    colleague.set_default_timeout(UI_TIMEOUT_MS)
-    errors = []
-    colleague.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
+    with watched_page(browser, stack.base, stack.log) as colleague:
         log_in(colleague, "bob", "bob-password-1")
         colleague.goto(url)
         expect(colleague.get_by_test_id("live-indicator")).to_have_attribute("data-state", "live")
@@ -295,6 +283,3 @@ def test_a_colleague_sees_who_wrote_and_that_memories_were_recalled_but_not_what
         )
         expect(note.locator("details")).to_have_count(0)
         expect(colleague.locator("#messages")).not_to_contain_text(PREFERENCE)
-    finally:
-        context.close()
-    assert not errors, errors

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ..integration.processes import served_embedded
+from .conftest import watched_page
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
@@ -46,16 +47,8 @@ def stack(tmp_path_factory):
 
 @pytest.fixture
 def page(browser, stack):
-    context = browser.new_context(base_url=stack.base, viewport={"width": 1360, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    errors = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
-    assert not errors, (
-        f"JavaScript errors in the page: {errors}\n{stack.log.read_text(errors='replace')[-3000:]}"
-    )
+    with watched_page(browser, stack.base, stack.log) as page:
+        yield page
 
 
 # Records every status the badge shows and the longest streamed text, as they happen.
