@@ -95,7 +95,7 @@ def _skill_path(user_path: str) -> tuple[str, str] | None:
     return (parts[1] if len(parts) > 1 else ""), "/".join(parts[2:])
 
 
-def _refuse_skill_write(ctx: ToolContext, user_path: str) -> None:
+def _refuse_skill_write(user_path: str) -> None:
     if in_skills_folder(user_path):
         raise ToolError(
             f"{user_path!r} is in {SKILLS_FOLDER}/, where loaded skills appear read-only; write your "
@@ -105,7 +105,8 @@ def _refuse_skill_write(ctx: ToolContext, user_path: str) -> None:
 
 
 class _WritesFiles:
-    """Tools that write, edit or delete files refuse skills/ before approval is asked."""
+    """Tools that write, edit or delete files refuse skills/ at ToolService's `precheck`, before
+    approval is asked (every call, approved ones included, passes that stage before it runs)."""
 
     path_arguments = ("path",)
 
@@ -113,7 +114,7 @@ class _WritesFiles:
         for name in self.path_arguments:
             value = args.get(name)
             for path in value if isinstance(value, list) else [value] if isinstance(value, str) else []:
-                _refuse_skill_write(ctx, path)
+                _refuse_skill_write(path)
 
 
 def _loaded_skill(ctx: ToolContext, name: str, user_path: str) -> str:
@@ -364,7 +365,6 @@ class FsWrite(_WritesFiles, Tool):
 
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:
         user_path, content = args["path"], args["content"]
-        _refuse_skill_write(ctx, user_path)
         path = resolve_in_workspace(ctx.workspace, user_path)
         op = _write_text(path, user_path, content)
         rel = relative_posix(ctx.workspace, path)
@@ -404,7 +404,6 @@ class FsEdit(_WritesFiles, Tool):
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:
         user_path, old, new = args["path"], args["old_text"], args["new_text"]
         replace_all = args.get("replace_all", False)
-        _refuse_skill_write(ctx, user_path)
         path = resolve_in_workspace(ctx.workspace, user_path, must_exist=True)
         text = _read_text(path, user_path)
         rel = relative_posix(ctx.workspace, path)
@@ -464,7 +463,6 @@ class FsDeleteFiles(_WritesFiles, Tool):
     def run(self, ctx: ToolContext, args: dict) -> ToolResult:
         targets: list[tuple[str, Path]] = []
         for user_path in args["paths"]:
-            _refuse_skill_write(ctx, user_path)
             resolved = resolve_in_workspace(ctx.workspace, user_path, must_exist=True)
             # A symlink (already known to point inside) is deleted itself, never its target.
             trimmed = user_path.rstrip("/") or user_path
