@@ -39,19 +39,22 @@ class LoadedSkill:
     skill_md_size: int = 0
 
 
+def visible(tenant_id: int):
+    """The Skills a tenant sees, enabled or not: its own and the global ones its own do not hide
+    (a tenant's Skill hides the global one of the same name, even when disabled: turning your own
+    off does not bring the operator's back). The one place that rule lives (API and runtime)."""
+    own_names = Skill.objects.filter(tenant_id=tenant_id).values("name")
+    return Skill.objects.for_tenant(tenant_id).exclude(tenant__isnull=True, name__in=own_names)
+
+
 def _usable(tenant_id: int, *, names=None, fields=None) -> list[Skill]:
-    """Enabled Skills by name, one per name: the tenant's own hides a global one of the same name
-    (even when the tenant's is disabled: turning your own off does not bring the operator's
-    back). Ordered by name."""
-    rows = Skill.objects.for_tenant(tenant_id)
+    """Enabled visible Skills (one per name), ordered by name."""
+    rows = visible(tenant_id).filter(enabled=True).order_by("name")
     if names is not None:
         rows = rows.filter(name__in=list(names))
     if fields:
-        rows = rows.only(*fields, "name", "tenant_id", "enabled")
-    chosen: dict[str, Skill] = {}
-    for skill in sorted(rows, key=lambda s: s.tenant_id is not None):  # tenant rows last: they win
-        chosen[skill.name] = skill
-    return [chosen[name] for name in sorted(chosen) if chosen[name].enabled]
+        rows = rows.only(*fields, "name")
+    return list(rows)
 
 
 def usable_skills(tenant_id: int) -> list[SkillBrief]:

@@ -128,7 +128,7 @@ class RuntimeSessionPort:
     def _memory_user(self) -> int:
         if self.context.memory_user_id is None:
             raise ToolError(
-                "memory is personal to the Session's owner, and this task was sent by someone else: "
+                "memory is personal to the Session's owner, and someone else wrote into this task: "
                 "no memory is read or saved for it",
                 code="memory_unavailable",
             )
@@ -186,9 +186,8 @@ class SliceContext:
         self.model: EffectiveModel | None = None
         self.calibration: Calibration | None = None
         self.compaction_blocked_at: int | None = None
-        # Skills offered and loaded (configuration) and the memories recalled for the turn.
-        self.offered_skills: list = []
-        self.more_skills = 0
+        # Skills loaded (configuration; the offered ones only as prompt text) and the memories
+        # recalled for the turn.
         self.loaded_skills: list = []
         self.memories: list = []
         self.memory_user_id: int | None = None
@@ -295,10 +294,8 @@ class SliceContext:
         self.tools = resolve_available(tenant_id, capabilities["tools"], capabilities["toolsets"])
         self.loaded_skills = skills_catalog.loaded(tenant_id, capabilities["skills"])
         self.loaded_skill_names = [skill.name for skill in self.loaded_skills]
-        self.offered_skills, self.more_skills = skills_catalog.offered(
-            tenant_id, exclude=[skill.name for skill in self.loaded_skills]
-        )
-        self._skills_text = engine.skills_text(self.offered_skills, self.more_skills, self.loaded_skills)
+        offered, more = skills_catalog.offered(tenant_id, exclude=self.loaded_skill_names)
+        self._skills_text = engine.skills_text(offered, more, self.loaded_skills)
         self.tool_schemas = [tool.openai_schema() for tool in self.tools.values()]
         self.tool_schemas_blob_id = engine.prompt_blob(
             tenant_id, "tool_schemas", json.dumps(self.tool_schemas, sort_keys=True)

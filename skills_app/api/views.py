@@ -6,6 +6,7 @@ from rest_framework import mixins
 from config.api import CursorPagination
 from tenancy_app.api.viewsets import TenantScopedViewSet
 
+from ..catalog import visible
 from ..models import Skill
 from .serializers import SkillDetailSerializer, SkillSerializer
 
@@ -26,10 +27,7 @@ class SkillViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
         return SkillDetailSerializer if self.action == "retrieve" else SkillSerializer
 
     def get_queryset(self):
-        queryset = super().get_queryset()  # this tenant's rows and the global ones
-        if getattr(self, "swagger_fake_view", False):
-            return queryset
-        if self.action == "list":
-            queryset = queryset.defer("body")
-        own_names = Skill.objects.filter(tenant=self.request.tenant).values("name")
-        return queryset.exclude(tenant__isnull=True, name__in=own_names)
+        if getattr(self, "swagger_fake_view", False):  # schema generation has no tenant
+            return Skill.objects.none()
+        queryset = visible(self.request.tenant.pk)
+        return queryset.defer("body") if self.action == "list" else queryset
