@@ -75,8 +75,9 @@ def start_turn(session_id, token, input: Input) -> Turn:
         session.current_turn = turn
         Session.objects.filter(pk=session.pk).update(current_turn=turn)
         emit(session, "turn.started", {"turn_id": turn.pk})
-        if input.kind == InputKind.MESSAGE and memory_user_id(session, [input.created_by_id]) is not None:
-            _recall_memories(session, turn, request)
+        user_id = memory_user_id(session, [input.created_by_id])
+        if input.kind == InputKind.MESSAGE and user_id is not None:
+            _recall_memories(session, turn, request, user_id)
         set_status(session, SessionStatus.RUNNING)
     return turn
 
@@ -100,14 +101,10 @@ def turn_author_ids(turn_id: int) -> set[int | None]:
     )
 
 
-def _recall_memories(session: Session, turn: Turn, request: Message) -> None:
-    """Task setup: the owner's memories that fit the request are kept on the turn; every request
+def _recall_memories(session: Session, turn: Turn, request: Message, user_id: int) -> None:
+    """Task setup: the user's memories that fit the request are kept on the turn; every request
     of the turn shows them (`memory.recalled` says which, an extension event)."""
-    if session.owner_id is None:
-        return
-    ids = memory.recall_for_task(
-        tenant_id=session.tenant_id, user_id=session.owner_id, request_text=request.content
-    )
+    ids = memory.recall_for_task(tenant_id=session.tenant_id, user_id=user_id, request_text=request.content)
     if ids:
         turn.recalled_memory_ids = ids
         Turn.objects.filter(pk=turn.pk).update(recalled_memory_ids=ids)
