@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from django.db.models.functions import Length
 
 from .models import Skill, SkillFile, SkillVersion
+from .packaging import read_resource as read_file
 from .recall import Document, rank
 
-SKILL_MD = "SKILL.md"
 # Offered by name and description in every request; past this, skills_find finds the rest.
 MAX_OFFERED = 30
 
@@ -197,19 +197,9 @@ class ResourceNotFound(LookupError):
 
 
 def read_resource(tenant_id: int, name: str, path: str) -> bytes:
-    """A resource file of the usable Skill `name` (its current version), by its exact path."""
+    """A file (SKILL.md or a resource) of the usable Skill `name`'s current version, by its path."""
     skills = _usable(tenant_id, names=[name], fields=("current_version",))
-    if not skills or not skills[0].current_version_id:
-        raise ResourceNotFound(name)
-    version_id = skills[0].current_version_id
-    if path == SKILL_MD:
-        content = SkillVersion.objects.filter(pk=version_id).values_list("skill_md", flat=True).first()
-    else:
-        content = (
-            SkillFile.objects.filter(version_id=version_id, path=path)
-            .values_list("content", flat=True)
-            .first()
-        )
+    content = read_file(skills[0], path) if skills else None
     if content is None:
-        raise ResourceNotFound(path)
-    return bytes(content)
+        raise ResourceNotFound(f"{name}/{path}")
+    return content

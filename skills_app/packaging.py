@@ -736,13 +736,15 @@ def list_resources(skill_or_version) -> list[SkillFile]:
 
 
 def read_resource(skill_or_version, path: str) -> bytes | None:
-    """One resource file's bytes (None when the version has no such file)."""
+    """One file's bytes, SKILL.md or a resource (None when the version has no such file)."""
     version_id = _version_id(skill_or_version)
     if version_id is None:
         return None
-    content = (
-        SkillFile.objects.filter(version_id=version_id, path=path).values_list("content", flat=True).first()
-    )
+    if path == SKILL_MD:
+        rows = SkillVersion.objects.filter(pk=version_id).values_list("skill_md", flat=True)
+    else:
+        rows = SkillFile.objects.filter(version_id=version_id, path=path).values_list("content", flat=True)
+    content = rows.first()
     return None if content is None else bytes(content)
 
 
