@@ -92,6 +92,8 @@ KILL_GRACE_SECONDS = 2.0
 # After the main process exits, how long stray holders of the output pipes may keep them open
 # (only possible without bwrap, where a process may leave the process group).
 DRAIN_SECONDS = 1.0
+# How long a finished run waits for the sandbox's pid namespace to be gone before returning.
+TEARDOWN_SECONDS = 2.0
 
 READ_CHUNK = 65_536
 
@@ -413,6 +415,22 @@ class _Outcome:
     duration_ms: int
 
 
+def _await_teardown(init_pid: int) -> None:
+    """Wait (bounded) until the sandbox's pid 1 has died. bwrap may exit first (killed as a
+    group, its init then dies by its parent-death signal): until that init is dead, processes of
+    the namespace may still be running; once it is, the kernel has killed and reaped them all."""
+    deadline = time.monotonic() + TEARDOWN_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{init_pid}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            return  # gone (reaped)
+        if state in (b"Z", b"X"):
+            return  # dead, waiting to be reaped
+        time.sleep(POLL_SECONDS / 5)
+
+
 def _exited(pid: int) -> bool:
     """Whether the child has exited, without reaping it (its pid and process group stay
     reserved, so signalling the group afterwards cannot hit a recycled pid)."""
@@ -532,6 +550,8 @@ def _supervise(
                 else:
                     key.data.add(data)
         returncode = proc.wait()
+        if child_pid is not None:
+            _await_teardown(child_pid)
     finally:
         sel.close()
         for stream in (proc.stdout, proc.stderr):
