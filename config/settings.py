@@ -380,6 +380,12 @@ XAGENT_TOKEN_ESTIMATOR = _read("XAGENT_TOKEN_ESTIMATOR", env.str, "")
 # A summary call (compaction) waits at most this long for a byte, and is retried once; then the
 # compaction falls back to a deterministic trim.
 XAGENT_SUMMARY_TIMEOUT_SECONDS = _positive_int("XAGENT_SUMMARY_TIMEOUT_SECONDS", 60)
+# The outer task loop's calls (task relation, orchestration) wait at most this long for their
+# answer, and are retried once; then the turn runs without them (an `error` event says why).
+XAGENT_PREPARE_TIMEOUT_SECONDS = _positive_int("XAGENT_PREPARE_TIMEOUT_SECONDS", 30)
+# Orchestration recalls Skills, tools and memories in threads (their own database connections)
+# unless this is off or the caller is inside a transaction (threads could not see its rows).
+XAGENT_RECALL_PARALLEL = _read("XAGENT_RECALL_PARALLEL", env.bool, True)
 # Outbound guard (tools_app/net.py): tenant-configured endpoints (Streamable HTTP MCP servers,
 # model base URLs) may not reach loopback, link-local, private, multicast or metadata addresses
 # unless the operator lists the host here ("host" or "host:port", comma-separated).
@@ -475,7 +481,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     # Several resources have a `source`; each enumeration gets its own component name.
-    "ENUM_NAME_OVERRIDES": {"SkillSourceEnum": "skills_app.choices.SkillSource"},
+    "ENUM_NAME_OVERRIDES": {
+        "SkillSourceEnum": "skills_app.choices.SkillSource",
+        "SessionKindEnum": "sessions_app.choices.SessionKind",
+        "SessionStatusEnum": "sessions_app.choices.SessionStatus",
+    },
 }
 
 # --- logging -----------------------------------------------------------------------------------

@@ -49,6 +49,8 @@ class SessionPort(Protocol):
 
     def memory_search(self, query: str, kind: str | None, limit: int) -> list[dict]: ...
 
+    def delegate(self, *, request: str, files: list[str], session_id, title: str, call_id: str) -> dict: ...
+
 
 @dataclass
 class ToolContext:

@@ -168,6 +168,52 @@ def find(tenant_id: int, query: str, exclude: set[str], limit: int = 20) -> list
     return found[:limit]
 
 
+def selectable(tenant_id: int, *, exclude_tools=(), exclude_toolsets=()) -> list[dict]:
+    """What a Session of this tenant could still add (orchestration's candidates): the tenant's
+    tool sets and its enabled, ready tools, by the same fields `find` shows, less the excluded
+    names (what the Session has already). A tenant's row hides a global one of the same name.
+    Two queries, ordered by name."""
+    excluded_sets, excluded_tools = set(exclude_toolsets), set(exclude_tools)
+    toolsets = {}
+    for toolset in sorted(
+        ToolSet.objects.for_tenant(tenant_id).prefetch_related("tools"), key=lambda t: t.tenant_id is not None
+    ):
+        toolsets[toolset.name] = {
+            "kind": "toolset",
+            "name": toolset.name,
+            "description": toolset.description[:300],
+            "tools": sorted(t.name for t in toolset.tools.all() if t.enabled),
+        }
+    tools = {}
+    rows = Tool.objects.for_tenant(tenant_id).filter(enabled=True, readiness=Readiness.READY)
+    for row in sorted(rows.select_related("mcp_server"), key=lambda r: r.tenant_id is not None):
+        entry = {"kind": "tool", "name": row.name, "description": row.description[:300], "risk": row.risk}
+        if row.mcp_server_id:
+            entry["server"] = row.mcp_server.name
+        tools[row.name] = entry
+    return [
+        *(toolsets[name] for name in sorted(toolsets) if name not in excluded_sets),
+        *(tools[name] for name in sorted(tools) if name not in excluded_tools),
+    ]
+
+
+def mcp_servers_of(tenant_id: int, *, tools=(), toolsets=()) -> dict[tuple[str, str], list[str]]:
+    """The MCP servers behind the named tools and tool sets, as `{(kind, name): [server...]}`
+    (native ones have none): where a Session's capabilities come from. Two queries."""
+    found: dict[tuple[str, str], set[str]] = {}
+    if tools:
+        rows = Tool.objects.for_tenant(tenant_id).filter(name__in=list(tools), mcp_server__isnull=False)
+        for name, server in rows.values_list("name", "mcp_server__name"):
+            found.setdefault(("tool", name), set()).add(server)
+    if toolsets:
+        rows = ToolSet.objects.for_tenant(tenant_id).filter(
+            name__in=list(toolsets), tools__mcp_server__isnull=False
+        )
+        for name, server in rows.values_list("name", "tools__mcp_server__name"):
+            found.setdefault(("toolset", name), set()).add(server)
+    return {key: sorted(servers) for key, servers in found.items()}
+
+
 def known_names(tenant_id: int, names) -> tuple[list[str], list[str], list[str]]:
     """Split requested names into (tools, toolsets, unknown) for this tenant."""
     names = list(dict.fromkeys(names))

@@ -7,6 +7,7 @@ decided by the runtime, which hands ToolService the `available` subset.
 from __future__ import annotations
 
 from .base import Tool
+from .native.delegation import SessionDelegate
 from .native.discovery import ToolsFind, ToolsSelect
 from .native.files import FsDeleteFiles, FsEdit, FsList, FsRead, FsWrite
 from .native.memory import MemorySave, MemorySearch
@@ -32,6 +33,7 @@ NATIVE_TOOLS: dict[str, Tool] = {
         MemorySave(),
         MemorySearch(),
         ShellExec(),
+        SessionDelegate(),
     )
 }
 
@@ -51,6 +53,10 @@ _DEFAULT_TOOL_NAMES = (
     "memory_save",
     "memory_search",
 )
+
+
+# A MainSession's coordinator tool (the runtime adds it to MainSessions only).
+DELEGATE_TOOL = "session_delegate"
 
 
 def default_tool_names() -> list[str]:

@@ -289,6 +289,26 @@ def save_upload(
     return "modified" if existed else "created"
 
 
+def copy_file(source_workspace: Path, source_path: str, workspace: Path, target_path: str, **limits) -> str:
+    """Copy one regular file from another workspace (a delegated task's files, a sub-Session's
+    results) to `target_path` here: both paths confined like any other (`path_escape`), the
+    target kept out of the skills folder, and the upload limits (`save_upload`'s keyword
+    arguments) applied. Returns "created" or "modified"."""
+    source = resolve_in_workspace(source_workspace, source_path, must_exist=True)
+    if not source.is_file():
+        raise ToolError(f"{source_path!r} is not a file", code="not_a_file", stage=RESOLVE_STAGE)
+    if in_skills_folder(target_path):
+        raise ToolError(f"{target_path!r} is in {SKILLS_FOLDER}/, which is read-only", code="reserved_path")
+    target = resolve_in_workspace(workspace, target_path)
+    if target.is_dir():
+        raise ToolError(f"{target_path!r} is a directory", code="is_a_directory")
+    # O_NOFOLLOW: the file read is the one resolved above, not a link swapped in since.
+    fd = os.open(source, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        return save_upload(workspace, target, iter(lambda: fh.read(1 << 16), b""), size=size, **limits)
+
+
 def delete_path(workspace: Path, user_path: str) -> tuple[str, str]:
     """Delete a file, a symlink or a directory tree; returns (workspace-relative path, kind)."""
     root = _root_of(workspace)

@@ -1,5 +1,6 @@
 import json
 
+from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from approvals_app.actions import DECISIONS
@@ -9,7 +10,16 @@ from tools_app.base import ToolError
 from tools_app.workspace import relative_posix, resolve_in_workspace
 
 from ..choices import InputKind, InputStatus, PlanTaskStatus, SessionKind
-from ..models import Delivery, Input, Message, ModelCall, ModelConfig, Session, SessionEvent
+from ..models import (
+    Delivery,
+    Input,
+    Message,
+    ModelCall,
+    ModelConfig,
+    Session,
+    SessionCapability,
+    SessionEvent,
+)
 from ..runtime import approvals
 from ..runtime.llm.config import resolve_model, tenant_default_config
 
@@ -114,8 +124,75 @@ class SessionSerializer(serializers.ModelSerializer):
         return attrs
 
 
+class SessionDetailSerializer(SessionSerializer):
+    """One Session (GET/PATCH `/sessions/{id}/`): the list's fields, plus its sub-Sessions and
+    where each capability came from (extensions of CONTRACT's shape)."""
+
+    children = serializers.SerializerMethodField()
+    capability_sources = serializers.SerializerMethodField()
+
+    class Meta(SessionSerializer.Meta):
+        fields = [*SessionSerializer.Meta.fields, "children", "capability_sources"]
+
+    @extend_schema_field(
+        inline_serializer(
+            "SessionChild",
+            {
+                "id": serializers.UUIDField(),
+                "title": serializers.CharField(),
+                "status": serializers.CharField(),
+            },
+            many=True,
+        )
+    )
+    def get_children(self, obj) -> list[dict]:
+        return [
+            {"id": str(child["id"]), "title": child["title"], "status": child["status"]}
+            for child in Session.objects.filter(
+                parent_id=obj.pk, tenant_id=obj.tenant_id, archived_at__isnull=True
+            )
+            .order_by("created_at")
+            .values("id", "title", "status")
+        ]
+
+    @extend_schema_field(
+        inline_serializer(
+            "CapabilitySource",
+            {
+                "kind": serializers.ChoiceField(choices=SessionCapability.Kind.choices),
+                "name": serializers.CharField(),
+                "added_by": serializers.CharField(),
+                "added_at": serializers.DateTimeField(),
+                "servers": serializers.ListField(child=serializers.CharField()),
+            },
+            many=True,
+        )
+    )
+    def get_capability_sources(self, obj) -> list[dict]:
+        from tools_app.catalog import mcp_servers_of
+
+        rows = list(SessionCapability.objects.filter(session_id=obj.pk).order_by("id"))
+        servers = mcp_servers_of(
+            obj.tenant_id,
+            tools=[r.name for r in rows if r.kind == SessionCapability.Kind.TOOL],
+            toolsets=[r.name for r in rows if r.kind == SessionCapability.Kind.TOOLSET],
+        )
+        return [
+            {
+                "kind": row.kind,
+                "name": row.name,
+                "added_by": row.added_by,
+                "added_at": row.added_at,
+                "servers": servers.get((row.kind, row.name), []),
+            }
+            for row in rows
+        ]
+
+
 class SessionUpdateSerializer(serializers.Serializer):
     title = serializers.CharField(max_length=200, allow_blank=True)
+    session_goal = serializers.CharField(max_length=10000, allow_blank=True, trim_whitespace=False)
+    phase_goal = serializers.CharField(max_length=10000, allow_blank=True, trim_whitespace=False)
 
 
 class InputCreateSerializer(serializers.Serializer):

@@ -33,6 +33,7 @@ from .serializers import (
     ModelCallDetailSerializer,
     ModelCallSerializer,
     PlanResponseSerializer,
+    SessionDetailSerializer,
     SessionSerializer,
     SessionUpdateSerializer,
     validated_idempotency_key,
@@ -100,6 +101,11 @@ class SessionViewSet(
             )
         return queryset
 
+    def get_serializer_class(self):
+        if self.action == "retrieve":
+            return SessionDetailSerializer
+        return super().get_serializer_class()
+
     def perform_create(self, serializer):
         data = serializer.validated_data
         serializer.instance = engine.create_session(
@@ -112,13 +118,23 @@ class SessionViewSet(
             model_config=data.get("model"),
         )
 
-    @extend_schema(request=SessionUpdateSerializer, responses=SessionSerializer)
+    @extend_schema(request=SessionUpdateSerializer, responses=SessionDetailSerializer)
     def partial_update(self, request, *args, **kwargs):
         session = self.get_object()
         update = SessionUpdateSerializer(data=request.data, partial=True)
         update.is_valid(raise_exception=True)
-        session = engine.update_session(session.pk, title=update.validated_data.get("title"))
-        return Response(self.get_serializer(session).data)
+        data = update.validated_data
+        session = engine.update_session(session.pk, title=data.get("title"))
+        if "session_goal" in data or "phase_goal" in data:
+            # Goals are a person's to change (never the model's): announced, and in every request
+            # from the next step on.
+            session = engine.update_goals(
+                session.pk,
+                session_goal=data.get("session_goal"),
+                phase_goal=data.get("phase_goal"),
+                by=request.user.get_username(),
+            )
+        return Response(SessionDetailSerializer(session, context=self.get_serializer_context()).data)
 
     def perform_destroy(self, instance):
         brain.archive(instance, user=self.request.user)

@@ -30,10 +30,11 @@ from config.parsers import json_depth_exceeds, json_max_depth
 from skills_app import catalog as skills_catalog
 from tools_app.base import ToolContext, ToolError
 from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool_names
+from tools_app.registry import DELEGATE_TOOL
 from tools_app.secrets import Redactor, StreamRedactor, tenant_secret_values
 from tools_app.service import ApprovalRequired, ToolService
 
-from ..choices import CallPurpose, InputKind, TurnReason
+from ..choices import CallPurpose, InputKind, SessionKind, TurnReason
 from ..models import Checkpoint, Message, ModelCall, Plan, Session, Turn
 from . import approvals, engine, memory, summary
 from .events import broadcast_delta
@@ -147,6 +148,18 @@ class RuntimeSessionPort:
         except memory.MemoryRefused as exc:
             raise ToolError(str(exc), code="memory_refused") from exc
         return {**memory.as_dict(saved), "created": created}
+
+    def delegate(self, *, request: str, files: list[str], session_id, title: str, call_id: str) -> dict:
+        """Hand a task to a sub-Session (a MainSession's coordinator tool); its runner is woken
+        once the input is committed."""
+        return engine.delegate(
+            self.context.session_id,
+            request=request,
+            files=files,
+            sub_session_id=session_id,
+            title=title,
+            call_id=call_id,
+        )
 
     def memory_search(self, query: str, kind: str | None, limit: int) -> list[dict]:
         session = self.context.session
@@ -291,7 +304,11 @@ class SliceContext:
         self.model = model
         self.budget = context_budget(self.model.context_window, self.model.max_output_tokens)
         capabilities = engine.session_capabilities(session.pk)
-        self.tools = resolve_available(tenant_id, capabilities["tools"], capabilities["toolsets"])
+        # A MainSession coordinates: it may hand tasks to sub-Sessions (which may not).
+        coordinator = [DELEGATE_TOOL] if session.kind == SessionKind.MAIN else []
+        self.tools = resolve_available(
+            tenant_id, [*capabilities["tools"], *coordinator], capabilities["toolsets"]
+        )
         self.loaded_skills = skills_catalog.loaded(tenant_id, capabilities["skills"])
         self.loaded_skill_names = [skill.name for skill in self.loaded_skills]
         offered, more = skills_catalog.offered(tenant_id, exclude=self.loaded_skill_names)
@@ -521,6 +538,10 @@ class AgentService:
         self.pause()
         if self.context.writer is not None:
             self.context.keep()
+
+    def watch_interrupts(self) -> None:
+        """Until the slice pauses: an interrupt sets `cancel`, and the lease is kept alive."""
+        self._watch()
 
     def _watch(self) -> None:
         if self._watcher is None:

@@ -26,7 +26,7 @@ from approvals_app import actions as approval_actions
 
 from ..choices import InputKind, InputStatus, SessionStatus, TurnReason
 from ..models import Input, RunnerSlice, Session
-from . import approvals, engine, presence
+from . import approvals, engine, outer_loop, presence
 from .agent import AgentService
 
 logger = logging.getLogger(__name__)
@@ -263,6 +263,10 @@ def _advance(agent: AgentService) -> Progress:
             return Progress(steps=1, consumed=consumed)
         if boundary.status not in engine.ACTIVE_STATUSES:
             return Progress()  # parked: new messages wait until the turn ends
+        if boundary.status == SessionStatus.PREPARING:
+            # A sub-Session's turn is understood (and its capabilities orchestrated) first.
+            outer_loop.prepare_turn(agent, boundary.turn_id)
+            return Progress(steps=1, consumed=boundary.consumed)
         agent.prepare(boundary.turn_id)
         if agent.run_pending_calls():
             # Calls recovery left to run again went first; look at the queue before the next step.
@@ -420,7 +424,9 @@ def recover_stale_sessions() -> int:
             & (Q(current_turn__isnull=True) | Q(runner_token__isnull=False))
             | Q(
                 current_turn__isnull=True,
-                pk__in=queued(InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.INTERRUPT),
+                pk__in=queued(
+                    InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.SESSION_EVENT, InputKind.INTERRUPT
+                ),
             )
             | Q(
                 current_turn__isnull=False,

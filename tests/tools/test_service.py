@@ -474,6 +474,7 @@ def test_native_tools_declare_valid_strict_schemas_and_their_risk():
             "memory_save",
             "memory_search",
             "shell_exec",
+            "session_delegate",
         ]
     )
     for name, tool in NATIVE_TOOLS.items():

@@ -36,7 +36,18 @@ from .context import (
     system_prompt,
     without_memories,
 )
+from .delegation import DelegationRefused, delegate, report_to_parent
 from .fencing import LeaseLost, RunnerWriter, StaleSlice, lease_duration, locked_session
+from .goals import (
+    add_recalled_memories,
+    apply_understanding,
+    begin_preparation_call,
+    commit_orchestration,
+    end_preparation_call,
+    finish_preparation,
+    report_preparation_failure,
+    update_goals,
+)
 from .history import (
     GUIDANCE_FRAME,
     INTERRUPTED_CALL_TEXT,
@@ -79,6 +90,7 @@ from .turns import (
     finish_turn,
     input_text,
     memory_user_id,
+    needs_understanding,
     save_progress,
     set_status,
     start_turn,
@@ -87,6 +99,18 @@ from .turns import (
 )
 
 __all__ = [
+    "DelegationRefused",
+    "delegate",
+    "report_to_parent",
+    "add_recalled_memories",
+    "apply_understanding",
+    "begin_preparation_call",
+    "commit_orchestration",
+    "end_preparation_call",
+    "finish_preparation",
+    "report_preparation_failure",
+    "update_goals",
+    "needs_understanding",
     "ACTIVE_STATUSES",
     "BASE_SYSTEM_PROMPT",
     "GUIDANCE_FRAME",

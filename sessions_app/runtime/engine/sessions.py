@@ -169,7 +169,9 @@ def has_pending_work(session: Session) -> bool:
         if session.status in (SessionStatus.RUNNING, SessionStatus.PREPARING):
             return True
         return queued_inputs(session.pk, [InputKind.INTERRUPT, InputKind.APPROVAL_DECISION]).exists()
-    return queued_inputs(session.pk, [InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.INTERRUPT]).exists()
+    return queued_inputs(
+        session.pk, [InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.SESSION_EVENT, InputKind.INTERRUPT]
+    ).exists()
 
 
 def consume_inputs(inputs: list[Input], turn: Turn | None) -> None:

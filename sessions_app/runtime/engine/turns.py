@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
-from ...choices import InputKind, Role, SessionStatus, TurnReason
+from ...choices import InputKind, Role, SessionKind, SessionStatus, TurnReason
 from ...models import Delivery, Input, Message, Session, Turn
 from .. import deliveries, memory
 from ..events import emit
@@ -15,8 +15,9 @@ from .fencing import RunnerWriter, locked_session
 from .history import append_message, record_tool_result, unanswered_calls
 from .sessions import consume_inputs, queued_inputs, workspace_dir
 
-# Inputs that start a turn when none is open (other kinds wait for their owner).
-TURN_STARTING_KINDS = (InputKind.MESSAGE, InputKind.GUIDANCE)
+# Inputs that start a turn when none is open (other kinds wait for their owner). A session event
+# (a sub-Session's result) waits, like a message, until the open turn ends.
+TURN_STARTING_KINDS = (InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.SESSION_EVENT)
 
 # Statuses of a turn at work: a Session in one of them with no open turn was left by a lost runner.
 ACTIVE_STATUSES = (SessionStatus.RUNNING, SessionStatus.PREPARING, SessionStatus.COMPRESSING)
@@ -64,8 +65,9 @@ def start_turn(session_id, token, input: Input) -> Turn:
         turn = Turn.objects.create(tenant_id=session.tenant_id, session=session, number=number)
         consume_inputs([input], turn)
         request = append_message(session, turn.pk, Role.USER, input_text(input), input=input)
-        if not session.phase_goal and input.kind == InputKind.MESSAGE:
-            # Until task understanding (sub-Sessions) owns this, the first task sets the goals.
+        understands = needs_understanding(session, input)
+        if not understands and not session.phase_goal and input.kind == InputKind.MESSAGE:
+            # A MainSession skips task understanding: its first task sets the goals.
             session.phase_goal = str(input.payload.get("text", ""))[:2000]
             if not session.session_goal:
                 session.session_goal = session.phase_goal
@@ -78,8 +80,23 @@ def start_turn(session_id, token, input: Input) -> Turn:
         user_id = memory_user_id(session, [input.created_by_id])
         if input.kind == InputKind.MESSAGE and user_id is not None:
             _recall_memories(session, turn, request, user_id)
-        set_status(session, SessionStatus.RUNNING)
+        if understands:
+            # The outer loop (Brain) understands the task before the first step.
+            set_status(session, SessionStatus.PREPARING, "understanding the task")
+        else:
+            set_status(session, SessionStatus.RUNNING)
     return turn
+
+
+def needs_understanding(session: Session, input: Input) -> bool:
+    """Whether a turn starts with the outer loop's task understanding (ARCHITECTURE §2): in a
+    sub-Session, for a message with text. A MainSession coordinates and skips it, as do guidance,
+    system notices (session events), approval decisions and attachment-only inputs."""
+    return (
+        session.kind == SessionKind.SUB
+        and input.kind == InputKind.MESSAGE
+        and bool(str(input.payload.get("text", "")).strip())
+    )
 
 
 def memory_user_id(session: Session, author_ids) -> int | None:
@@ -137,6 +154,10 @@ def end_turn(session: Session, turn: Turn, reason: str, detail: str = "") -> Non
         {"turn_id": turn.pk, "reason": reason, **({"detail": detail} if detail else {})},
     )
     set_status(session, STATUS_AFTER_TURN[reason], detail if reason != TurnReason.COMPLETED else "")
+    if session.parent_id is not None:
+        from .delegation import report_to_parent  # delegation builds on this module
+
+        report_to_parent(session, turn, reason, detail)
 
 
 def fail_turn(session: Session, turn: Turn, *, code: str, reason: str) -> None:
@@ -232,7 +253,7 @@ def take_boundary(session_id, token, on_parked=None) -> Boundary:
     with locked_session(session_id, token) as session:
         if session.wake_requested:
             Session.objects.filter(pk=session.pk).update(wake_requested=False)
-        queued = list(queued_inputs(session.pk, [InputKind.INTERRUPT, InputKind.GUIDANCE, InputKind.MESSAGE]))
+        queued = list(queued_inputs(session.pk, [InputKind.INTERRUPT, *TURN_STARTING_KINDS]))
         interrupts = [i for i in queued if i.kind == InputKind.INTERRUPT]
         if interrupts:
             turn = session.current_turn

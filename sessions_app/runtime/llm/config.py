@@ -3,7 +3,7 @@ default (OPENAI_*), or — with no key anywhere — the scripted demo model."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 
@@ -28,6 +28,10 @@ class EffectiveModel:
     temperature: float | None = None
     # A base URL a tenant admin set: reached only through the outbound guard (tools_app.net).
     guarded: bool = False
+
+    def with_max_output(self, tokens: int) -> EffectiveModel:
+        """The same model asked for at most `tokens` (a short JSON answer needs no more)."""
+        return replace(self, max_output_tokens=min(tokens, self.max_output_tokens))
 
     @property
     def label(self) -> str:

@@ -231,6 +231,10 @@ class DemoModelProvider:
     ) -> ModelResult:
         if purpose == "summary":
             return self._say(json.dumps(self._summary(messages)), None, cancel)
+        if purpose == "task_relation":
+            return self._say(json.dumps(self._task_relation(messages)), None, cancel)
+        if purpose == "orchestrate":
+            return self._say(json.dumps(self._orchestrate(messages)), None, cancel)
         task_start = self._task_start(messages)
         if task_start is None:
             return self._say(self._explain(), on_delta, cancel)
@@ -407,6 +411,40 @@ class DemoModelProvider:
             "artifacts": [],
             "active_user_request": requests[-1] if requests else "",
         }
+
+    @staticmethod
+    def _task_relation(messages) -> dict:
+        """The four-field answer (CONTRACT), as a rule of thumb: the first task is new, a message
+        starting "continue" continues it, anything else is a new phase of the same goal; the
+        message's own words are the recall terms."""
+        try:
+            asked = json.loads(messages[-1].get("content") or "{}")
+        except ValueError:
+            asked = {}
+        text = str(asked.get("message") or "")
+        if not asked.get("current_phase_goal"):
+            relation = "new_task"
+        elif re.match(r"\s*(continue|go on|keep going)\b", text, flags=re.IGNORECASE):
+            relation = "continue_current"
+        else:
+            relation = "change_within_session"
+        words = list(dict.fromkeys(w for w in re.findall(r"[a-z0-9]{4,}", text.lower())))[:8]
+        return {
+            "task_relation": relation,
+            "skill_recall_terms": words,
+            "tool_recall_terms": words,
+            "memory_recall_terms": words,
+        }
+
+    @staticmethod
+    def _orchestrate(messages) -> dict:
+        """Choose the best-ranked candidate Skill, nothing else (the demo has no tool sets to add)."""
+        try:
+            candidates = json.loads(messages[-1].get("content") or "{}").get("candidates") or {}
+        except (ValueError, AttributeError):
+            candidates = {}
+        skills = [s["name"] for s in candidates.get("skills") or []][:1]
+        return {"skills": skills, "toolsets": [], "tools": []}
 
     @staticmethod
     def _offered_skill(messages, tools) -> str | None:

@@ -56,12 +56,21 @@ def _is_transient(exc: Exception) -> bool:
     return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
 
 
+# The outer loop's stateless calls (CONTRACT "Model calls"): one JSON answer each, asked without
+# streaming — nobody watches them being written, and a whole body is simpler to validate.
+NON_STREAMING_PURPOSES = frozenset({"task_relation", "orchestrate"})
+
+
 def _limits_for(purpose: str) -> tuple[int, openai.Timeout]:
     """(attempts, timeout) of a call. A summary call holds the turn in `compressing` and has a
-    deterministic fallback (a trim), so it gets one retry and a shorter read timeout instead of
+    deterministic fallback (a trim); the outer loop's calls hold it in `preparing`, and the turn
+    runs anyway when they fail. So they get one retry and a shorter read timeout instead of
     making the user wait minutes on a hanging endpoint."""
     if purpose == "summary":
         seconds = float(settings.XAGENT_SUMMARY_TIMEOUT_SECONDS)
+        return 2, openai.Timeout(connect=10.0, read=seconds, write=30.0, pool=10.0)
+    if purpose in NON_STREAMING_PURPOSES:
+        seconds = float(settings.XAGENT_PREPARE_TIMEOUT_SECONDS)
         return 2, openai.Timeout(connect=10.0, read=seconds, write=30.0, pool=10.0)
     return MAX_ATTEMPTS, TIMEOUT
 
@@ -117,10 +126,14 @@ def uses_max_completion_tokens(model: EffectiveModel) -> bool:
     return host == "api.openai.com"
 
 
-def request_body(model: EffectiveModel, messages: list[dict], tools: list[dict]) -> bytes:
+def request_body(
+    model: EffectiveModel, messages: list[dict], tools: list[dict], *, stream: bool = True
+) -> bytes:
     """The Chat Completions body, with the history spliced in from the messages' own encodings
     when they carry them (EncodedMessages) instead of encoding it again."""
-    params = {"model": model.model, "stream": True, "stream_options": {"include_usage": True}}
+    params = {"model": model.model, "stream": stream}
+    if stream:
+        params["stream_options"] = {"include_usage": True}
     params["max_completion_tokens" if uses_max_completion_tokens(model) else "max_tokens"] = (
         model.max_output_tokens
     )
@@ -138,7 +151,8 @@ def request_body(model: EffectiveModel, messages: list[dict], tools: list[dict])
 
 
 def _post_until_cancelled(post: Callable[[], Stream], cancel: CancelSignal) -> Stream:
-    """`post()` — which returns once the response headers arrive — unless the user interrupts
+    """`post()` — which returns once the response headers arrive (or, not streaming, the whole
+    answer) — unless the user interrupts
     first: a model that thinks for a minute before its first byte must not hold an interrupt
     that long. The request then finishes in its thread, and its stream is closed unread."""
     outcome: dict = {}
@@ -151,8 +165,9 @@ def _post_until_cancelled(post: Callable[[], Stream], cancel: CancelSignal) -> S
             outcome["error"] = exc
         finally:
             done.set()
-            if cancel.is_set() and "stream" in outcome:
-                outcome["stream"].close()
+            close = getattr(outcome.get("stream"), "close", None)  # a whole answer has nothing open
+            if cancel.is_set() and close is not None:
+                close()
 
     threading.Thread(target=run, name="model-request", daemon=True).start()
     unregister = cancel.on_cancel(done.set)
@@ -185,7 +200,10 @@ class OpenAIChatProvider:
         attempts, timeout = _limits_for(purpose)
         for attempt in range(1, attempts + 1):
             try:
-                result = self._stream_once(messages, tools, purpose, on_delta, cancel, timeout)
+                if purpose in NON_STREAMING_PURPOSES:
+                    result = self._request_once(messages, tools, purpose, cancel, timeout)
+                else:
+                    result = self._stream_once(messages, tools, purpose, on_delta, cancel, timeout)
                 result.attempts, result.attempt_errors = attempt, errors
                 return result
             except (Cancelled, SoftTimeLimitExceeded):  # the slice's time limit is not a model error
@@ -207,6 +225,37 @@ class OpenAIChatProvider:
                 if cancel is not None and cancel.wait(delay):
                     raise Cancelled() from exc
         raise AssertionError("unreachable")
+
+    def _request_once(self, messages, tools, purpose, cancel, timeout) -> ModelResult:
+        """One non-streaming completion (the outer loop's JSON calls)."""
+
+        def post() -> ChatCompletion:
+            return self.client.post(
+                "/chat/completions",
+                cast_to=ChatCompletion,
+                content=request_body(self.model, messages, tools, stream=False),
+                options={
+                    "headers": {"Content-Type": "application/json", "X-XAgent-Call": purpose},
+                    "timeout": timeout,
+                },
+            )
+
+        completion = post() if cancel is None else _post_until_cancelled(post, cancel)
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
+        result = ModelResult()
+        if completion.usage is not None:
+            result.usage = {
+                "prompt_tokens": completion.usage.prompt_tokens or 0,
+                "completion_tokens": completion.usage.completion_tokens or 0,
+            }
+        choice = (completion.choices or [None])[0]
+        if choice is None or choice.message is None:
+            result.finish_reason = "length"  # an answer without a message: nothing to read
+            return result
+        result.text = choice.message.content or ""
+        result.finish_reason = choice.finish_reason or "length"
+        return result
 
     def _stream_once(self, messages, tools, purpose, on_delta, cancel, timeout) -> ModelResult:
         # The body goes through the SDK's own request path (its client, auth, headers, errors
