@@ -34,7 +34,8 @@ def system_prompt(
     parts = [BASE_SYSTEM_PROMPT]
     if session.session_goal:
         parts.append(f"Session goal: {session.session_goal}")
-    if session.phase_goal and session.phase_goal != session.session_goal:
+    if session.phase_goal:
+        # Both goals, always (even when they read the same): they are the user's, not the model's.
         parts.append(f"Current phase goal: {session.phase_goal}")
     if skills:
         parts.append(skills)

@@ -118,6 +118,8 @@ def recover_lost_runner(session_id, token, rerun_kind: Callable[[str], str] | No
                     recovery.next = (
                         f"the calls left run, then the turn continues with step {steps + 1}"
                         if recovery.rerun_calls
+                        else "the task is understood again, then the turn begins"
+                        if session.status == SessionStatus.PREPARING
                         else f"the turn continues with step {steps + 1}"
                     )
                 else:
