@@ -299,3 +299,64 @@ def test_guidance_and_session_events_skip_task_understanding(sub_session, model_
     drive_until_idle(sub_session)
     assert not model_server.requests_for("task_relation")
     assert Session.objects.get(pk=sub_session.pk).turns.count() == 2
+
+
+def test_an_interrupt_while_understanding_stops_the_turn(sub_session, model_server):
+    import threading
+
+    from sessions_app.runtime import brain
+
+    model_server.script("task_relation", relation("new_task", delay_before_s=5))
+    send(sub_session, S6[0])
+    timer = threading.Timer(0.5, lambda: brain.interrupt(sub_session))
+    timer.start()
+    drive_until_idle(sub_session)
+    timer.join()
+    assert sub_session.status == "interrupted"
+    turn = sub_session.turns.get()
+    assert turn.reason == "aborted"
+    call = ModelCall.objects.get(session=sub_session, purpose="task_relation")
+    assert call.finish_reason == "cancelled"
+    assert "task.understood" not in event_types(sub_session) and not model_server.requests_for("agent")
+    assert Message.objects.filter(session=sub_session, role="user", content=S6[0]).exists()
+
+
+def test_a_runner_lost_while_preparing_leaves_the_turn_to_be_understood_again(sub_session, model_server):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from sessions_app.runtime import brain
+
+    send(sub_session, S6[0])
+    token = brain.acquire(sub_session.pk)
+    (queued,) = engine.queued_inputs(sub_session.pk)
+    engine.start_turn(sub_session.pk, token, queued)
+    assert Session.objects.get(pk=sub_session.pk).status == "preparing"
+    # The worker dies here; its lease lapses and another runner takes over.
+    Session.objects.filter(pk=sub_session.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    model_server.script("task_relation", relation("new_task"))
+    model_server.script("agent", text_reply("done after recovery"))
+    drive_until_idle(sub_session)
+    (recovered,) = _events(sub_session, "session.recovered")
+    assert "understood again" in recovered["next"]
+    assert [e["task_relation"] for e in _events(sub_session, "task.understood")] == ["new_task"]
+    assert sub_session.status == "idle" and sub_session.phase_goal == S6[0]
+
+
+def test_a_sub_session_needs_an_open_main_session_as_parent(tenant_a, owner_a, api_owner_a):
+    main = new_session(tenant_a, owner_a)
+    sub = new_session(tenant_a, owner_a, kind="sub", parent=main)
+    for body in (
+        {"kind": "sub", "parent": str(sub.pk)},
+        {"kind": "main", "parent": str(main.pk)},
+        {"parent": str(main.pk)},
+    ):
+        answer = api_owner_a.post("/api/v1/sessions/", body, format="json")
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "validation_error", body
+    assert (
+        api_owner_a.post(
+            "/api/v1/sessions/", {"kind": "sub", "parent": str(main.pk)}, format="json"
+        ).status_code
+        == 201
+    )
