@@ -120,7 +120,7 @@ class ModelConfigAdmin(TenantScopedAdmin):
 
 @admin.register(Session)
 class SessionAdmin(ReadOnlyTenantScopedAdmin):
-    list_display = ["id", "title", "tenant", "owner", "kind", "status", "created_at", "archived_at"]
+    list_display = ["id", "title", "tenant", "owner", "kind", "parent", "status", "created_at", "archived_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "status", "kind"]
     search_fields = ["title", "session_goal", "phase_goal"]
 
