@@ -2,7 +2,12 @@
 (a projection: admins read it, only the runtime writes it)."""
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.http import Http404, HttpResponseRedirect
+from django.template import engines
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
 
 from tenancy_app.admin import ReadOnlyTenantScopedAdmin, TenantScopedAdmin
 from tenancy_app.crypto import encrypt
@@ -20,6 +25,8 @@ from .models import (
     SessionEvent,
     WorkerPresence,
 )
+from .runtime import engine
+from .runtime.engine.goals import MAX_GOAL_CHARS
 from .runtime.llm.tokens import context_budget
 
 # The least room a model configuration must leave for a request (the context budget).
@@ -118,11 +125,78 @@ class ModelConfigAdmin(TenantScopedAdmin):
         return bool(obj.api_key_encrypted)
 
 
+_EDIT_GOALS = """{% extends "admin/base_site.html" %}
+{% block breadcrumbs %}<div class="breadcrumbs">
+<a href="{% url 'admin:index' %}">Home</a> &rsaquo;
+<a href="{% url 'admin:sessions_app_session_changelist' %}">{{ opts.verbose_name_plural|capfirst }}</a> &rsaquo;
+<a href="{% url 'admin:sessions_app_session_change' session.pk %}">{{ session }}</a> &rsaquo; {{ title }}</div>
+{% endblock %}
+{% block content %}
+<p>The goals are the user's: the model never changes them. Every request of the Session states
+both from its next step on; the Session's timeline notes the edit.</p>
+<form method="post">{% csrf_token %}
+<table>{{ form.as_table }}</table>
+<div class="submit-row"><input type="submit" class="default" value="Save goals"></div>
+</form>
+{% endblock %}"""
+
+
+class GoalsForm(forms.Form):
+    session_goal = forms.CharField(
+        required=False, max_length=MAX_GOAL_CHARS, strip=False, widget=forms.Textarea(attrs={"rows": 3})
+    )
+    phase_goal = forms.CharField(
+        required=False, max_length=MAX_GOAL_CHARS, strip=False, widget=forms.Textarea(attrs={"rows": 3})
+    )
+
+
 @admin.register(Session)
 class SessionAdmin(ReadOnlyTenantScopedAdmin):
     list_display = ["id", "title", "tenant", "owner", "kind", "parent", "status", "created_at", "archived_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "status", "kind"]
     search_fields = ["title", "session_goal", "phase_goal"]
+    readonly_fields = ["edit_goals"]
+
+    @admin.display(description="goals")
+    def edit_goals(self, obj):
+        if obj is None or obj.pk is None:
+            return ""
+        return format_html(
+            '<a href="{}">Edit the goals</a>', reverse("admin:sessions_app_session_goals", args=[obj.pk])
+        )
+
+    def get_urls(self):
+        custom = [
+            path(
+                "<uuid:object_id>/goals/",
+                self.admin_site.admin_view(self.goals_view),
+                name="sessions_app_session_goals",
+            )
+        ]
+        return custom + super().get_urls()
+
+    def goals_view(self, request, object_id):
+        """An admin's explicit edit of the goals (CONTRACT: the session goal changes only so),
+        through SessionEngine like the API's PATCH. Only Sessions this admin sees."""
+        session = self.get_queryset(request).filter(pk=object_id, archived_at__isnull=True).first()
+        if session is None or not self.has_view_permission(request, session):
+            raise Http404("No such Session.")
+        initial = {"session_goal": session.session_goal, "phase_goal": session.phase_goal}
+        form = GoalsForm(request.POST or None, initial=initial)
+        if request.method == "POST" and form.is_valid():
+            changed = {k: v for k, v in form.cleaned_data.items() if v != initial[k]}
+            if changed:
+                engine.update_goals(session.pk, **changed, by=request.user.get_username())
+                self.message_user(request, "Goals saved.", messages.SUCCESS)
+            return HttpResponseRedirect(reverse("admin:sessions_app_session_change", args=[session.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Edit the goals",
+            "form": form,
+            "session": session,
+        }
+        return TemplateResponse(request, engines["django"].from_string(_EDIT_GOALS), context)
 
 
 @admin.register(Input)

@@ -123,7 +123,7 @@ class SessionSerializer(serializers.ModelSerializer):
         if attrs.get("kind") == SessionKind.SUB and not parent:
             raise serializers.ValidationError({"parent": "A sub-Session needs its parent Session."})
         if parent is not None and attrs.get("kind", SessionKind.MAIN) != SessionKind.SUB:
-            raise serializers.ValidationError({"parent": "Only a sub-Session (kind \"sub\") has a parent."})
+            raise serializers.ValidationError({"parent": 'Only a sub-Session (kind "sub") has a parent.'})
         if parent is not None and (parent.kind != SessionKind.MAIN or parent.archived_at is not None):
             raise serializers.ValidationError({"parent": "The parent must be an open MainSession."})
         return attrs
