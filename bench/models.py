@@ -31,6 +31,7 @@ DIRECTIVE_PREFIX = "bench-directive:"
 LIST_WORKSPACE = {"name": "fs_list", "arguments": {}}
 DEFAULT_DIRECTIVE = {"steps": 1, "plan": [[LIST_WORKSPACE]]}
 FINAL_ANSWER = "Done: every scripted step has run."
+RECALL_FIELDS = ("skill_recall_terms", "tool_recall_terms", "memory_recall_terms")
 
 
 def directive_message(steps: int, plan: list[list[dict]] | None = None) -> str:
@@ -80,6 +81,17 @@ class ZeroLatencyModel:
             state = dict.fromkeys(SUMMARY_KEYS, "")
             state["progress"] = "earlier benchmark steps"
             return ModelResult(text=json.dumps(state), finish_reason="stop", usage=_usage([]))
+        if purpose == "task_relation":  # the outer loop (sub-Sessions): a new task, its words as terms
+            asked = json.loads(messages[-1]["content"])
+            words = [w for w in dict.fromkeys(asked["message"].lower().split()) if w.isalpha()][:8]
+            answer = {"task_relation": "new_task", **dict.fromkeys(RECALL_FIELDS, words)}
+            return ModelResult(text=json.dumps(answer), finish_reason="stop", usage=_usage([]))
+        if purpose == "orchestrate":  # the best-ranked candidate Skill and tool set
+            candidates = json.loads(messages[-1]["content"])["candidates"]
+            answer = {kind: [c["name"] for c in candidates[kind][:1]] for kind in ("skills", "toolsets")}
+            return ModelResult(
+                text=json.dumps({**answer, "tools": []}), finish_reason="stop", usage=_usage([])
+            )
         CALL_LOG.stamp()
         calls = next_calls(messages)
         if calls:

@@ -50,5 +50,10 @@ SCENARIOS = {
         Scenario(
             "recall", "8. Recall: skills_find and memories at task setup as the catalogue grows", "recall"
         ),
+        Scenario(
+            "prepare",
+            "9. Outer loop: a sub-Session's task understanding + orchestration, harness cost",
+            "prepare",
+        ),
     )
 }

@@ -18,11 +18,13 @@ call is stateless, and what was added stays (add-only).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from skills_app import catalog as skills_catalog
 from tools_app.catalog import resolve_available
 
-from ..models import Input, Session
+from ..choices import InputKind
+from ..models import Input, ModelCall, Session
 from . import engine, orchestrator, understanding
 from .agent import SKILL_SHARE_OF_BUDGET
 from .llm.base import Cancelled, ModelCallFailed, ModelResult
@@ -34,67 +36,76 @@ logger = logging.getLogger(__name__)
 UNCHANGED = "the goals and capabilities are unchanged and the turn runs anyway"
 
 
+@dataclass
+class _Asked:
+    """An outer-loop call that was asked: its evidence row, what came back, and either the
+    validated answer or why there is none."""
+
+    call: ModelCall
+    result: ModelResult | None = None
+    answer: object = None
+    error: str = ""
+
+
 def prepare_turn(agent, turn_id: int) -> None:
-    """Run the outer loop for the open turn `turn_id` of the agent's Session, then let its steps
-    begin. `agent` (AgentService) lends its lease token and its interrupt watch."""
-    session_id, token = agent.session_id, agent.token
+    """Run the outer loop for the open turn `turn_id` of the agent's Session; its last commit lets
+    the turn's steps begin. `agent` (AgentService) lends its lease token and its interrupt watch."""
+    session_id = agent.session_id
     session = Session.objects.select_related("model_config").get(pk=session_id)
     model = resolve_model(session)
-    request = engine.turn_request(turn_id)
     payload = (
-        Input.objects.filter(pk=request.input_id).values_list("payload", flat=True).first()
-        if request is not None
-        else None
+        Input.objects.filter(turn_id=turn_id, kind=InputKind.MESSAGE)
+        .order_by("id")
+        .values_list("payload", flat=True)
+        .first()
     ) or {}
     text = str(payload.get("text", ""))
     agent.watch_interrupts()
     try:
-        understood = _understand(agent, session, turn_id, model, text, payload.get("attachments") or [])
-        if understood is not None:
-            step = understanding.transition(
-                understood.task_relation,
-                text=text,
-                phase_goal=session.phase_goal,
-                session_goal=session.session_goal,
-            )
-            session = engine.apply_understanding(
-                session_id,
-                token,
-                turn_id=turn_id,
-                understanding=understood.as_dict(),
-                phase_goal=step.phase_goal,
-                session_goal=step.session_goal,
-                mode=step.mode,
-            )
-            if step.mode is not None:
-                _orchestrate(agent, session, turn_id, model, text, understood, step.mode)
+        _prepare(agent, session, turn_id, model, text, payload.get("attachments") or [])
     except Cancelled:
-        return  # the queued interrupt is applied at the next boundary
+        pass  # the queued interrupt is applied at the next boundary
     finally:
         agent.invalidate()  # goals and capabilities may have changed: the first step re-reads
-    engine.finish_preparation(session_id, token, turn_id)
 
 
-def _understand(agent, session, turn_id, model: EffectiveModel, text: str, resources: list[str]):
-    """The task-relation call and its validation; None (and an `error` event) when it failed."""
-    payload = understanding.request_payload(
+def _prepare(agent, session, turn_id, model: EffectiveModel, text: str, resources: list[str]) -> None:
+    session_id, token = agent.session_id, agent.token
+    asked_for = understanding.request_payload(
         text=text, resources=resources, phase_goal=session.phase_goal, session_goal=session.session_goal
     )
-    messages = understanding.request_messages(payload)
-    outcome = _call(
+    messages = understanding.request_messages(asked_for)
+    asked = _ask(
         agent,
         turn_id,
         purpose="task_relation",
         model=model.with_max_output(understanding.MAX_ANSWER_TOKENS),
         instructions=understanding.INSTRUCTIONS,
-        payload=payload,
+        payload=asked_for,
         messages=messages,
         ask=lambda: understanding.understand(model, messages, agent.cancel),
         invalid=understanding.UnderstandingInvalid,
-        failure_code="task_relation_failed",
-        what="task understanding",
     )
-    return outcome
+    if asked.answer is None:
+        _failed(agent, turn_id, asked, "task_relation_failed", "task understanding")
+        return
+    understood = asked.answer
+    step = understanding.transition(
+        understood.task_relation, text=text, phase_goal=session.phase_goal, session_goal=session.session_goal
+    )
+    session = engine.apply_understanding(
+        session_id,
+        token,
+        turn_id=turn_id,
+        call=asked.call,
+        result=asked.result,
+        understanding=understood.as_dict(),
+        phase_goal=step.phase_goal,
+        session_goal=step.session_goal,
+        mode=step.mode,
+    )
+    if step.mode is not None:
+        _orchestrate(agent, session, turn_id, model, text, understood, step.mode)
 
 
 def _orchestrate(agent, session, turn_id, model: EffectiveModel, text, understood, mode: str) -> None:
@@ -113,19 +124,21 @@ def _orchestrate(agent, session, turn_id, model: EffectiveModel, text, understoo
         )
     except Exception as exc:  # recall is ours: a bug must not cost the user the turn
         logger.exception("session %s: recall failed", session_id)
-        engine.report_preparation_failure(
+        engine.preparation_failed(
             session_id,
             token,
             turn_id=turn_id,
+            call=None,
+            result=None,
+            error="",
             code="orchestration_failed",
             message=f"orchestration failed: recall broke ({exc.__class__.__name__}); {UNCHANGED}",
         )
         return
-    if candidates.memory_ids:
-        engine.add_recalled_memories(session_id, token, turn_id=turn_id, memory_ids=candidates.memory_ids)
     chosen = {"skills": [], "toolsets": [], "tools": []}
+    asked = None
     if candidates.selectable:
-        payload = orchestrator.request_payload(
+        asked_for = orchestrator.request_payload(
             mode=mode,
             text=text,
             goals={"session_goal": session.session_goal, "phase_goal": session.phase_goal},
@@ -136,23 +149,22 @@ def _orchestrate(agent, session, turn_id, model: EffectiveModel, text, understoo
             },
             candidates=candidates,
         )
-        messages = orchestrator.request_messages(payload)
-        selection = _call(
+        messages = orchestrator.request_messages(asked_for)
+        asked = _ask(
             agent,
             turn_id,
             purpose="orchestrate",
             model=model.with_max_output(orchestrator.MAX_ANSWER_TOKENS),
             instructions=orchestrator.INSTRUCTIONS,
-            payload=payload,
+            payload=asked_for,
             messages=messages,
             ask=lambda: orchestrator.select(model, messages, candidates, agent.cancel),
             invalid=orchestrator.SelectionInvalid,
-            failure_code="orchestration_failed",
-            what="orchestration",
         )
-        if selection is None:
+        if asked.answer is None:
+            _failed(agent, turn_id, asked, "orchestration_failed", "orchestration")
             return
-        chosen = selection.as_dict()
+        chosen = asked.answer.as_dict()
     # Loaded Skills' instructions share a bounded part of the context (as with skills_load).
     budget = context_budget(model.context_window, model.max_output_tokens)
     decision = skills_catalog.choose_to_load(
@@ -167,55 +179,60 @@ def _orchestrate(agent, session, turn_id, model: EffectiveModel, text, understoo
         token,
         turn_id=turn_id,
         mode=mode,
+        call=asked.call if asked is not None else None,
+        result=asked.result if asked is not None else None,
         candidates={**candidates.names(), "memories": len(candidates.memory_ids)},
         chosen=chosen,
         skills=[skill.name for skill in decision.accepted],
         refused=decision.rejected,
+        memory_ids=candidates.memory_ids,
     )
 
 
-def _call(
-    agent, turn_id, *, purpose, model, instructions, payload, messages, ask, invalid, failure_code, what
-):
-    """One outer-loop call with its evidence row: the validated answer, or None after an `error`
-    event saying what went wrong. Raises Cancelled (an interrupt) and LeaseLost."""
+def _ask(agent, turn_id, *, purpose, model, instructions, payload, messages, ask, invalid) -> _Asked:
+    """One outer-loop call behind its evidence row. Raises Cancelled (an interrupt; the row says
+    so) and LeaseLost; any other failure is in the returned `error`."""
     session_id, token = agent.session_id, agent.token
-    call = engine.begin_preparation_call(
-        session_id,
-        token,
-        turn_id=turn_id,
-        purpose=purpose,
-        model=model,
-        instructions=instructions,
-        payload=payload,
-        request_tokens=sum(estimate_message_tokens(m) for m in messages),
+    asked = _Asked(
+        engine.begin_preparation_call(
+            session_id,
+            token,
+            turn_id=turn_id,
+            purpose=purpose,
+            model=model,
+            instructions=instructions,
+            payload=payload,
+            request_tokens=sum(estimate_message_tokens(m) for m in messages),
+        )
     )
     try:
-        answer, result = ask()
+        asked.answer, asked.result = ask()
     except Cancelled:
-        engine.end_preparation_call(
-            session_id, token, call, result=None, error="interrupted by the user", finish_reason="cancelled"
-        )
+        engine.interrupted_preparation(session_id, token, asked.call)
         raise
     except ModelCallFailed as exc:
-        failed = ModelResult(finish_reason="error", attempts=exc.attempts, attempt_errors=exc.attempt_errors)
-        engine.end_preparation_call(session_id, token, call, result=failed, error=str(exc))
-        reason = f"the {purpose} call failed ({exc})"
-    except invalid as exc:
-        engine.end_preparation_call(
-            session_id, token, call, result=getattr(exc, "result", None), error=str(exc)
+        asked.result = ModelResult(
+            finish_reason="error", attempts=exc.attempts, attempt_errors=exc.attempt_errors
         )
-        reason = f"invalid answer: {exc}"
+        asked.error = f"the {purpose} call failed ({exc})"
+    except invalid as exc:
+        asked.result, asked.error = getattr(exc, "result", None), f"invalid answer: {exc}"
     except engine.LeaseLost:
         raise
     except Exception as exc:
         logger.exception("session %s: %s call broke", session_id, purpose)
-        engine.end_preparation_call(session_id, token, call, result=None, error=f"internal error: {exc!r}")
-        reason = f"internal error ({exc.__class__.__name__})"
-    else:
-        engine.end_preparation_call(session_id, token, call, result=result, answer=answer.as_dict())
-        return answer
-    engine.report_preparation_failure(
-        session_id, token, turn_id=turn_id, code=failure_code, message=f"{what} failed: {reason}; {UNCHANGED}"
+        asked.error = f"internal error ({exc.__class__.__name__})"
+    return asked
+
+
+def _failed(agent, turn_id: int, asked: _Asked, code: str, what: str) -> None:
+    engine.preparation_failed(
+        agent.session_id,
+        agent.token,
+        turn_id=turn_id,
+        call=asked.call,
+        result=asked.result,
+        error=asked.error,
+        code=code,
+        message=f"{what} failed: {asked.error}; {UNCHANGED}",
     )
-    return None

@@ -360,3 +360,45 @@ def test_a_sub_session_needs_an_open_main_session_as_parent(tenant_a, owner_a, a
         ).status_code
         == 201
     )
+
+
+def _prepare_and_count(tenant, owner, main, model_server) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from sessions_app.runtime import brain, outer_loop
+    from sessions_app.runtime.agent import AgentService
+
+    model_server.script("task_relation", relation("new_task", skills=["research"], tools=["convert"]))
+    model_server.default(
+        "orchestrate", lambda request: json_reply({"skills": [], "toolsets": [], "tools": []})
+    )
+    session = new_session(tenant, owner, kind="sub", parent=main)
+    send(session, S6[0])
+    token = brain.acquire(session.pk)
+    (queued,) = engine.queued_inputs(session.pk)
+    turn = engine.start_turn(session.pk, token, queued)
+    agent = AgentService(session.pk, token)
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            outer_loop.prepare_turn(agent, turn.pk)
+    finally:
+        agent.close()
+    assert Session.objects.get(pk=session.pk).status == "running"
+    return len(queries.captured_queries)
+
+
+def test_preparing_a_turn_costs_the_same_queries_whatever_the_catalogue_size(
+    tenant_a, owner_a, model_config_a, model_server, settings
+):
+    settings.XAGENT_RECALL_PARALLEL = False  # every recall query counted in this thread
+    main = new_session(tenant_a, owner_a)
+    make_skill(tenant_a, "research-guide", "Research a topic.", RESEARCH_BODY)
+    ToolSet.objects.create(tenant=tenant_a, name="convert", description="convert documents")
+    _prepare_and_count(tenant_a, owner_a, main, model_server)  # the first stores the prompts
+    small = _prepare_and_count(tenant_a, owner_a, main, model_server)
+    for n in range(30):
+        make_skill(tenant_a, f"research-extra-{n}", f"Research variant {n}.", "# body")
+        ToolSet.objects.create(tenant=tenant_a, name=f"convert-{n}", description="convert documents")
+    large = _prepare_and_count(tenant_a, owner_a, main, model_server)
+    assert small == large

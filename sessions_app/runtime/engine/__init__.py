@@ -39,13 +39,11 @@ from .context import (
 from .delegation import DelegationRefused, delegate, report_to_parent
 from .fencing import LeaseLost, RunnerWriter, StaleSlice, lease_duration, locked_session
 from .goals import (
-    add_recalled_memories,
     apply_understanding,
     begin_preparation_call,
     commit_orchestration,
-    end_preparation_call,
-    finish_preparation,
-    report_preparation_failure,
+    interrupted_preparation,
+    preparation_failed,
     update_goals,
 )
 from .history import (
@@ -102,13 +100,11 @@ __all__ = [
     "DelegationRefused",
     "delegate",
     "report_to_parent",
-    "add_recalled_memories",
     "apply_understanding",
     "begin_preparation_call",
     "commit_orchestration",
-    "end_preparation_call",
-    "finish_preparation",
-    "report_preparation_failure",
+    "interrupted_preparation",
+    "preparation_failed",
     "update_goals",
     "needs_understanding",
     "ACTIVE_STATUSES",

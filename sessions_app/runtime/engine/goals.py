@@ -45,14 +45,18 @@ def apply_understanding(
     token,
     *,
     turn_id: int,
+    call: ModelCall,
+    result,
     understanding: dict,
     phase_goal: str | None,
     session_goal: str | None,
     mode: str | None,
 ) -> Session:
-    """Brain's transition, committed: the goals it sets and `task.understood` (CONTRACT data,
-    plus `turn_id`, `mode` and the recall terms as extensions)."""
+    """Brain's transition, committed with the task-relation call's evidence: the goals it sets
+    and `task.understood` (CONTRACT data, plus `turn_id`, `mode` and the recall terms as
+    extensions). Without orchestration to follow (`mode` None) the turn's steps may begin."""
     with locked_session(session_id, token) as session:
+        _end_call(session, call, result=result, answer=understanding)
         changed = {}
         if phase_goal is not None:
             changed["phase_goal"] = phase_goal
@@ -74,36 +78,76 @@ def apply_understanding(
                 "recall_terms": {k: v for k, v in understanding.items() if k != "task_relation"},
             },
         )
+        if mode is None:
+            _begin_steps(session, turn_id)
     return session
 
 
-def report_preparation_failure(session_id, token, *, turn_id: int, code: str, message: str) -> None:
-    """A stage of the outer loop failed: an `error` event; the goals, capabilities and the input
-    stay as they were, and the turn runs anyway."""
+def preparation_failed(
+    session_id, token, *, turn_id: int, call: ModelCall | None, result, error: str, code: str, message: str
+) -> None:
+    """A stage of the outer loop failed (its call failed or answered wrongly, or recall broke):
+    the call's evidence says why, an `error` event tells the user, and the turn's steps begin —
+    the goals, capabilities and the input stay as they were."""
     with locked_session(session_id, token) as session:
+        if call is not None:
+            _end_call(session, call, result=result, error=error)
         emit(session, "error", {"code": code, "message": message[:1000], "turn_id": turn_id})
+        _begin_steps(session, turn_id)
 
 
-def finish_preparation(session_id, token, turn_id: int) -> None:
-    """The outer loop is done (or gave up): the turn's steps may begin."""
+def interrupted_preparation(session_id, token, call: ModelCall) -> None:
+    """The user interrupted while the call was out: its evidence says so (the queued interrupt
+    ends the turn at the next boundary)."""
     with locked_session(session_id, token) as session:
-        if session.current_turn_id == turn_id and session.status == SessionStatus.PREPARING:
-            set_status(session, SessionStatus.RUNNING)
+        _end_call(session, call, result=None, error="interrupted by the user", finish_reason="cancelled")
 
 
-def add_recalled_memories(session_id, token, *, turn_id: int, memory_ids: list[int]) -> list[int]:
-    """Memories orchestration recalled join the turn's (add-only); `memory.recalled` names the
-    new ones. Returns them."""
+def commit_orchestration(
+    session_id,
+    token,
+    *,
+    turn_id: int,
+    mode: str,
+    call: ModelCall | None,
+    result,
+    candidates: dict,
+    chosen: dict,
+    skills: list[str],
+    refused: list,
+    memory_ids: list[int],
+) -> dict:
+    """What orchestration chose, in one commit with its call's evidence (`call` None: there was
+    nothing to choose from): added atomically and add-only (nothing loaded is removed; goals,
+    model and identity are not touched), memories it recalled joined to the turn's; then the
+    turn's steps begin. Events: `capabilities.added` (when anything was new), `memory.recalled`
+    (new memories) and `orchestration.finished` (an extension: the mode, the candidates' names,
+    the choice and what was refused, e.g. a Skill that does not fit the budget)."""
     with locked_session(session_id, token) as session:
-        turn = Turn.objects.only("recalled_memory_ids").get(pk=turn_id)
-        new = [i for i in memory_ids if i not in turn.recalled_memory_ids]
-        if new:
-            Turn.objects.filter(pk=turn_id).update(recalled_memory_ids=[*turn.recalled_memory_ids, *new])
-            last = session.messages.order_by("-id").values_list("id", flat=True).first()
-            emit(
-                session, "memory.recalled", {"turn_id": turn_id, "memory_ids": new, "after_message_id": last}
-            )
-    return new
+        if call is not None:
+            _end_call(session, call, result=result, answer=chosen)
+        added = _add_capabilities(
+            session,
+            tools=chosen.get("tools", ()),
+            toolsets=chosen.get("toolsets", ()),
+            skills=skills,
+            added_by="orchestrator",
+        )
+        _add_memories(session, turn_id, memory_ids)
+        emit(
+            session,
+            "orchestration.finished",
+            {
+                "turn_id": turn_id,
+                "mode": mode,
+                "candidates": candidates,
+                "chosen": chosen,
+                "added": added,
+                "refused": refused,
+            },
+        )
+        _begin_steps(session, turn_id)
+    return added
 
 
 def begin_preparation_call(
@@ -138,49 +182,29 @@ def begin_preparation_call(
         )
 
 
-def commit_orchestration(
-    session_id,
-    token,
-    *,
-    turn_id: int,
-    mode: str,
-    candidates: dict,
-    chosen: dict,
-    skills: list[str],
-    refused: list,
-) -> dict:
-    """What orchestration chose, added in one commit (atomic, add-only: nothing loaded is
-    removed; goals, model and identity are not touched), announced by `capabilities.added` (when
-    anything was new) and `orchestration.finished` (an extension: the mode, the candidates'
-    names, the choice and what was refused, e.g. a Skill that does not fit the budget)."""
-    with locked_session(session_id, token) as session:
-        added = _add_capabilities(
-            session,
-            tools=chosen.get("tools", ()),
-            toolsets=chosen.get("toolsets", ()),
-            skills=skills,
-            added_by="orchestrator",
-        )
-        emit(
-            session,
-            "orchestration.finished",
-            {
-                "turn_id": turn_id,
-                "mode": mode,
-                "candidates": candidates,
-                "chosen": chosen,
-                "added": added,
-                "refused": refused,
-            },
-        )
-    return added
+def _begin_steps(session: Session, turn_id: int) -> None:
+    """The outer loop is done (or gave up): `running`, and the turn's steps may begin."""
+    if session.current_turn_id == turn_id and session.status == SessionStatus.PREPARING:
+        set_status(session, SessionStatus.RUNNING)
 
 
-def end_preparation_call(
-    session_id, token, call: ModelCall, *, result, answer=None, error: str = "", finish_reason: str = ""
-) -> None:
-    """Close the row: the result, the validated answer (`fact_versions.answer`) or the error; the
-    tokens count toward the Session's usage."""
+def _add_memories(session: Session, turn_id: int, memory_ids: list[int]) -> None:
+    """Memories orchestration recalled join the turn's (add-only); `memory.recalled` names the new."""
+    if not memory_ids:
+        return
+    turn = Turn.objects.only("recalled_memory_ids").get(pk=turn_id)
+    new = [i for i in memory_ids if i not in turn.recalled_memory_ids]
+    if new:
+        Turn.objects.filter(pk=turn_id).update(recalled_memory_ids=[*turn.recalled_memory_ids, *new])
+        last = session.messages.order_by("-id").values_list("id", flat=True).first()
+        emit(session, "memory.recalled", {"turn_id": turn_id, "memory_ids": new, "after_message_id": last})
+
+
+def _end_call(
+    session: Session, call: ModelCall, *, result, answer=None, error: str = "", finish_reason: str = ""
+):
+    """Close an outer-loop call's row (caller holds the lock): the result, the validated answer
+    (`fact_versions.answer`) or the raw one, the error; its tokens count toward the usage."""
     usage = (result.usage if result is not None else None) or {}
     prompt_tokens = int(usage.get("prompt_tokens") or 0)
     completion_tokens = int(usage.get("completion_tokens") or 0)
@@ -189,19 +213,18 @@ def end_preparation_call(
         facts["answer"] = answer
     elif result is not None and result.text:
         facts["raw_answer"] = result.text[:2000]
-    with locked_session(session_id, token):
-        ModelCall.objects.filter(pk=call.pk).update(
-            finish_reason=finish_reason or (result.finish_reason if result is not None else "error"),
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            attempts=result.attempts if result is not None else 1,
-            attempt_errors=result.attempt_errors if result is not None else [],
-            error=error[:5000],
-            fact_versions=facts,
-            ended_at=timezone.now(),
+    ModelCall.objects.filter(pk=call.pk).update(
+        finish_reason=finish_reason or (result.finish_reason if result is not None else "error"),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        attempts=result.attempts if result is not None else 1,
+        attempt_errors=result.attempt_errors if result is not None else [],
+        error=error[:5000],
+        fact_versions=facts,
+        ended_at=timezone.now(),
+    )
+    if prompt_tokens or completion_tokens:
+        Session.objects.filter(pk=session.pk).update(
+            prompt_tokens=F("prompt_tokens") + prompt_tokens,
+            completion_tokens=F("completion_tokens") + completion_tokens,
         )
-        if prompt_tokens or completion_tokens:
-            Session.objects.filter(pk=session_id).update(
-                prompt_tokens=F("prompt_tokens") + prompt_tokens,
-                completion_tokens=F("completion_tokens") + completion_tokens,
-            )
