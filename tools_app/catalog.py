@@ -16,7 +16,7 @@ from approvals_app.choices import ToolSource
 
 from .base import Tool as ToolImpl
 from .models import Readiness, Tool, ToolSet
-from .registry import NATIVE_TOOLS, default_tool_names
+from .registry import KIND_BOUND_TOOLS, NATIVE_TOOLS, default_tool_names
 
 
 def sync_native_tools() -> int:
@@ -159,7 +159,7 @@ def find(tenant_id: int, query: str, exclude: set[str], limit: int = 20) -> list
                 }
             )
     rows = Tool.objects.for_tenant(tenant_id).filter(match, enabled=True, readiness=Readiness.READY)
-    for row in rows.select_related("mcp_server")[:limit]:
+    for row in rows.exclude(name__in=KIND_BOUND_TOOLS).select_related("mcp_server")[:limit]:
         if row.name not in exclude:
             entry = {"kind": "tool", "name": row.name, "description": row.description[:300], "risk": row.risk}
             if row.mcp_server_id:
@@ -186,6 +186,7 @@ def selectable(tenant_id: int, *, exclude_tools=(), exclude_toolsets=()) -> list
         }
     tools = {}
     rows = Tool.objects.for_tenant(tenant_id).filter(enabled=True, readiness=Readiness.READY)
+    rows = rows.exclude(name__in=KIND_BOUND_TOOLS)
     for row in sorted(rows.select_related("mcp_server"), key=lambda r: r.tenant_id is not None):
         entry = {"kind": "tool", "name": row.name, "description": row.description[:300], "risk": row.risk}
         if row.mcp_server_id:
@@ -218,7 +219,10 @@ def known_names(tenant_id: int, names) -> tuple[list[str], list[str], list[str]]
     """Split requested names into (tools, toolsets, unknown) for this tenant."""
     names = list(dict.fromkeys(names))
     tools = set(
-        Tool.objects.for_tenant(tenant_id).filter(name__in=names, enabled=True).values_list("name", flat=True)
+        Tool.objects.for_tenant(tenant_id)
+        .filter(name__in=names, enabled=True)
+        .exclude(name__in=KIND_BOUND_TOOLS)
+        .values_list("name", flat=True)
     )
     toolsets = set(
         ToolSet.objects.for_tenant(tenant_id).filter(name__in=names).values_list("name", flat=True)

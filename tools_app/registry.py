@@ -55,8 +55,10 @@ _DEFAULT_TOOL_NAMES = (
 )
 
 
-# A MainSession's coordinator tool (the runtime adds it to MainSessions only).
+# A MainSession's coordinator tool: the runtime gives it to MainSessions, by their kind, and to
+# nothing else; it is never found, selected, orchestrated or reached through a tool set.
 DELEGATE_TOOL = "session_delegate"
+KIND_BOUND_TOOLS = frozenset({DELEGATE_TOOL})
 
 
 def default_tool_names() -> list[str]:

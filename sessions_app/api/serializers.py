@@ -26,6 +26,18 @@ from ..runtime.llm.config import resolve_model, tenant_default_config
 IDEMPOTENCY_KEY_MAX_LENGTH = Input._meta.get_field("idempotency_key").max_length
 
 
+class StringField(serializers.CharField):
+    """Text that must arrive as a string: DRF's CharField would take 123 as "123" and 1e400 as
+    "inf", which no client meant."""
+
+    default_error_messages = {"not_a_string": "Must be a string."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("not_a_string")
+        return super().to_internal_value(data)
+
+
 class SessionSerializer(serializers.ModelSerializer):
     goal = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=10000)
     model = serializers.CharField(
@@ -79,7 +91,7 @@ class SessionSerializer(serializers.ModelSerializer):
             self.fields["parent"].queryset = Session.objects.for_tenant(tenant)
 
     def get_capabilities(self, obj) -> dict:
-        from tools_app.registry import default_tool_names
+        from tools_app.registry import DELEGATE_TOOL, default_tool_names
 
         from ..runtime.engine import session_capabilities
 
@@ -89,7 +101,8 @@ class SessionSerializer(serializers.ModelSerializer):
                 attached[f"{capability.kind}s"].append(capability.name)
         else:
             attached = session_capabilities(obj.pk)
-        tools = list(dict.fromkeys([*default_tool_names(), *attached["tools"]]))
+        coordinator = [DELEGATE_TOOL] if obj.kind == SessionKind.MAIN else []
+        tools = list(dict.fromkeys([*default_tool_names(), *coordinator, *attached["tools"]]))
         return {"skills": attached["skills"], "tools": tools, "toolsets": attached["toolsets"]}
 
     def get_usage(self, obj) -> dict:
@@ -195,9 +208,9 @@ class SessionDetailSerializer(SessionSerializer):
 
 
 class SessionUpdateSerializer(serializers.Serializer):
-    title = serializers.CharField(max_length=200, allow_blank=True)
-    session_goal = serializers.CharField(max_length=10000, allow_blank=True, trim_whitespace=False)
-    phase_goal = serializers.CharField(max_length=10000, allow_blank=True, trim_whitespace=False)
+    title = StringField(max_length=200, allow_blank=True)
+    session_goal = StringField(max_length=10000, allow_blank=True, trim_whitespace=False)
+    phase_goal = StringField(max_length=10000, allow_blank=True, trim_whitespace=False)
 
 
 class InputCreateSerializer(serializers.Serializer):
@@ -206,7 +219,7 @@ class InputCreateSerializer(serializers.Serializer):
     DRF's CharField already refuses NUL and lone surrogate characters (PostgreSQL stores neither).
     """
 
-    text = serializers.CharField(max_length=100_000, allow_blank=False, trim_whitespace=False)
+    text = StringField(max_length=100_000, allow_blank=False, trim_whitespace=False)
     kind = serializers.ChoiceField(choices=[InputKind.MESSAGE, InputKind.GUIDANCE], default=InputKind.MESSAGE)
     attachments = serializers.ListField(
         child=serializers.CharField(max_length=1000), required=False, max_length=50

@@ -305,10 +305,15 @@ class SliceContext:
         self.budget = context_budget(self.model.context_window, self.model.max_output_tokens)
         capabilities = engine.session_capabilities(session.pk)
         # A MainSession coordinates: it may hand tasks to sub-Sessions (which may not).
-        coordinator = [DELEGATE_TOOL] if session.kind == SessionKind.MAIN else []
+        coordinator = session.kind == SessionKind.MAIN
         self.tools = resolve_available(
-            tenant_id, [*capabilities["tools"], *coordinator], capabilities["toolsets"]
+            tenant_id,
+            [*capabilities["tools"], *([DELEGATE_TOOL] if coordinator else [])],
+            capabilities["toolsets"],
         )
+        if not coordinator:
+            # Not even through a tool set an admin put it in: only a MainSession delegates.
+            self.tools.pop(DELEGATE_TOOL, None)
         self.loaded_skills = skills_catalog.loaded(tenant_id, capabilities["skills"])
         self.loaded_skill_names = [skill.name for skill in self.loaded_skills]
         offered, more = skills_catalog.offered(tenant_id, exclude=self.loaded_skill_names)

@@ -32,9 +32,9 @@ from skills_app.recall import Document, rank
 from tools_app import catalog as tools_catalog
 
 from . import memory
+from .llm import structured
 from .llm.base import CancelSignal, ModelResult
 from .llm.config import EffectiveModel
-from .llm.providers import provider_for
 
 MAX_SKILL_CANDIDATES = 8
 MAX_TOOL_CANDIDATES = 12  # tool sets and tools together
@@ -214,16 +214,7 @@ def parse(text: str, candidates: Candidates) -> Selection:
     """The validated selection in `text`, or SelectionInvalid naming what is wrong: one JSON
     object (a ```json fence tolerated), exactly the three keys, each an array of distinct names
     of that kind's candidates."""
-    body = text.strip()
-    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, flags=re.DOTALL)
-    if fenced:
-        body = fenced.group(1)
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        raise SelectionInvalid("the answer is not JSON") from None
-    if not isinstance(data, dict):
-        raise SelectionInvalid("the answer is not a JSON object")
+    data = structured.json_object(text, SelectionInvalid)
     keys = ("skills", "toolsets", "tools")
     extra = sorted(set(data) - set(keys))
     if extra:
@@ -249,15 +240,11 @@ def select(
 ) -> tuple[Selection, ModelResult]:
     """One orchestrate call: (validated selection, the call's result). Raises ModelCallFailed,
     Cancelled, or SelectionInvalid (`.result` holds the call's result)."""
-    result = provider_for(model.with_max_output(MAX_ANSWER_TOKENS)).complete(
-        messages, [], purpose="orchestrate", cancel=cancel
+    return structured.ask(
+        model.with_max_output(MAX_ANSWER_TOKENS),
+        messages,
+        purpose="orchestrate",
+        read=lambda text: parse(text, candidates),
+        invalid=SelectionInvalid,
+        cancel=cancel,
     )
-    if result.finish_reason == "length":
-        error = SelectionInvalid("the answer was cut off (truncated at the output limit)")
-    else:
-        try:
-            return parse(result.text, candidates), result
-        except SelectionInvalid as exc:
-            error = exc
-    error.result = result
-    raise error

@@ -10,11 +10,10 @@ deterministic trim.
 from __future__ import annotations
 
 import json
-import re
 
+from .llm import structured
 from .llm.base import CancelSignal, ModelResult
 from .llm.config import EffectiveModel
-from .llm.providers import provider_for
 from .llm.tokens import estimate_text_tokens
 
 # The continuity state, in CONTRACT order: each value a string or an array of strings.
@@ -99,16 +98,7 @@ def _line(message: dict) -> str:
 
 def parse_state(text: str, *, max_tokens: int) -> dict:
     """The validated continuity state in `text`, or SummaryInvalid naming what is wrong."""
-    body = text.strip()
-    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, flags=re.DOTALL)
-    if fenced:
-        body = fenced.group(1)
-    try:
-        data = json.loads(body)
-    except ValueError as exc:
-        raise SummaryInvalid(f"the summary is not JSON ({exc.msg} at {exc.pos})") from None
-    if not isinstance(data, dict):
-        raise SummaryInvalid("the summary is not a JSON object")
+    data = structured.json_object(text, SummaryInvalid, "the summary")
     missing = [key for key in STATE_KEYS if key not in data]
     if missing:
         raise SummaryInvalid("the summary lacks " + ", ".join(missing))
@@ -134,13 +124,12 @@ def summarize(
 ) -> tuple[dict, ModelResult]:
     """One summary call: (validated state, the call's result). Raises ModelCallFailed (the call
     failed), Cancelled (interrupted) or SummaryInvalid (`.result` holds the call's result)."""
-    result = provider_for(model).complete(messages, [], purpose="summary", cancel=cancel)
-    if result.finish_reason == "length":
-        error = SummaryInvalid("the summary was cut off at the output limit")
-    else:
-        try:
-            return parse_state(result.text, max_tokens=max_tokens), result
-        except SummaryInvalid as exc:
-            error = exc
-    error.result = result
-    raise error
+    return structured.ask(
+        model,
+        messages,
+        purpose="summary",
+        read=lambda text: parse_state(text, max_tokens=max_tokens),
+        invalid=SummaryInvalid,
+        cancel=cancel,
+        what="the summary",
+    )

@@ -13,12 +13,11 @@ decides, never a score or a threshold.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
+from .llm import structured
 from .llm.base import CancelSignal, ModelResult
 from .llm.config import EffectiveModel
-from .llm.providers import provider_for
 
 RELATIONS = ("new_task", "continue_current", "change_within_session", "out_of_scope", "uncertain")
 TERM_FIELDS = ("skill_recall_terms", "tool_recall_terms", "memory_recall_terms")
@@ -86,17 +85,7 @@ def parse(text: str) -> TaskUnderstanding:
     A JSON object alone (a ```json fence around it is tolerated, as models often add one);
     exactly the four keys; the relation from the enum; each terms field a non-null array of at
     most 16 distinct, non-blank strings of at most 100 characters."""
-    body = text.strip()
-    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, flags=re.DOTALL)
-    if fenced:
-        body = fenced.group(1)
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        where = f" ({exc.msg} at {exc.pos})" if isinstance(exc, json.JSONDecodeError) else ""
-        raise UnderstandingInvalid(f"the answer is not JSON{where}") from None
-    if not isinstance(data, dict):
-        raise UnderstandingInvalid("the answer is not a JSON object")
+    data = structured.json_object(text, UnderstandingInvalid)
     expected = {"task_relation", *TERM_FIELDS}
     extra = sorted(set(data) - expected)
     missing = [key for key in ("task_relation", *TERM_FIELDS) if key not in data]
@@ -138,18 +127,14 @@ def understand(
 ) -> tuple[TaskUnderstanding, ModelResult]:
     """One task-relation call: (validated understanding, the call's result). Raises
     ModelCallFailed, Cancelled, or UnderstandingInvalid (`.result` holds the call's result)."""
-    result = provider_for(model.with_max_output(MAX_ANSWER_TOKENS)).complete(
-        messages, [], purpose="task_relation", cancel=cancel
+    return structured.ask(
+        model.with_max_output(MAX_ANSWER_TOKENS),
+        messages,
+        purpose="task_relation",
+        read=parse,
+        invalid=UnderstandingInvalid,
+        cancel=cancel,
     )
-    if result.finish_reason == "length":
-        error = UnderstandingInvalid("the answer was cut off (truncated at the output limit)")
-    else:
-        try:
-            return parse(result.text), result
-        except UnderstandingInvalid as exc:
-            error = exc
-    error.result = result
-    raise error
 
 
 # --- Brain's transition -------------------------------------------------------------------------

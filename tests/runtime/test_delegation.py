@@ -191,3 +191,57 @@ def test_the_session_page_api_links_parent_and_children(main, tenant_a, owner_a,
     child_view = api_owner_a.get(f"/api/v1/sessions/{child.pk}/").json()
     assert child_view["parent"] == str(main.pk) and child_view["kind"] == "sub"
     assert {c["added_by"] for c in child_view["capability_sources"]} <= {"default"}
+
+
+def test_a_colleagues_sub_session_is_not_reused_and_refused_files_leave_no_orphan(
+    main, tenant_a, member_a, model_server, settings
+):
+    colleagues = new_session(tenant_a, member_a, title="member's", kind="sub", parent=main)
+    settings.XAGENT_UPLOAD_MAX_BYTES = 10
+    (engine.workspace_path(main) / "big.bin").write_bytes(b"x" * 11)
+    model_server.script(
+        "agent",
+        tool_reply(
+            [
+                tool_call("session_delegate", {"request": "x", "session_id": str(colleagues.pk)}, id="d1"),
+                tool_call("session_delegate", {"request": "x", "files": ["big.bin"]}, id="d2"),
+            ]
+        ),
+        text_reply("no"),
+    )
+    send(main, "delegate it")
+    drive_until_idle(main)
+    results = _results(main)
+    assert results["d1"].is_error and not Input.objects.filter(session=colleagues).exists()
+    assert results["d2"].is_error and "limit" in results["d2"].content
+    assert list(Session.objects.filter(parent=main).values_list("pk", flat=True)) == [colleagues.pk]
+
+
+def test_handed_over_files_are_not_the_sub_sessions_delivery(main, model_server):
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("session_delegate", {"request": REQUEST, "files": ["notes.md"]}, id="d1")]),
+        text_reply("delegated"),
+        tool_reply([tool_call("fs_write", {"path": "report.md", "content": "# Report\n"}, id="w1")]),
+        text_reply("report.md written"),
+    )
+    send(main, "delegate it")
+    drive_until_idle(main)
+    child = Session.objects.get(parent=main)
+    (sent,) = Input.objects.filter(session=child)
+    assert sent.created_by_id == main.owner_id  # the MainSession's owner asks
+    drive_until_idle(child)
+    delivery = child.deliveries.get()
+    assert [f["path"] for f in delivery.files] == ["report.md"]
+    (event,) = Input.objects.filter(session=main, kind="session_event")
+    assert event.payload["files"] == [f"from-{str(child.pk)[:8]}/report.md"]
+
+
+def test_goals_and_texts_must_be_strings(main, api_owner_a):
+    url = f"/api/v1/sessions/{main.pk}/"
+    for body in ({"phase_goal": 123}, {"session_goal": ["a"]}, {"phase_goal": None}, {"title": 1e300}):
+        answer = api_owner_a.patch(url, body, format="json")
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "validation_error", body
+    sent = api_owner_a.post(f"{url}inputs/", {"text": 123}, format="json")
+    assert sent.status_code == 400
+    assert not Input.objects.filter(session=main).exists()

@@ -290,3 +290,23 @@ def test_a_long_tickets_csv_is_read_page_by_page():
     assert written["path"] == "kpis.csv"
     kpis = {row["metric"]: row["value"] for row in csv.DictReader(io.StringIO(written["content"]))}
     assert kpis["tickets_total"] == str(len(lines) - 1)
+
+
+def test_the_demo_model_plays_s6_in_a_sub_session(tenant_a, owner_a):
+    main = new_session(tenant_a, owner_a)
+    sub = new_session(tenant_a, owner_a, kind="sub", parent=main)
+    relations = []
+    for text in (
+        "Research ComfyUI and deliver a Markdown guide",
+        "Continue",
+        "Convert the Markdown to Word",
+        "Also check tomorrow's weather",
+    ):
+        send(sub, text)
+        drive_until_idle(sub)
+        relations.append(
+            sub.events.filter(type="task.understood").order_by("-seq").first().data["task_relation"]
+        )
+        assert sub.status == "idle"
+    assert relations == ["new_task", "continue_current", "change_within_session", "out_of_scope"]
+    assert sub.phase_goal == "Convert the Markdown to Word"

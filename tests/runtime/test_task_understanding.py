@@ -13,7 +13,7 @@ from sessions_app.models import Message, ModelCall, Session, SessionCapability, 
 from sessions_app.runtime import engine
 from tests.runtime.helpers import drive_until_idle, event_types, new_session, send
 from tests.runtime.test_skills_in_a_session import make_skill
-from tests.support.model_server import Reply, error_reply, json_reply, text_reply
+from tests.support.model_server import Reply, error_reply, json_reply, text_reply, tool_call, tool_reply
 from tools_app.models import Tool, ToolSet
 
 # Recall runs in threads with their own connections: they must see committed rows.
@@ -402,3 +402,86 @@ def test_preparing_a_turn_costs_the_same_queries_whatever_the_catalogue_size(
         ToolSet.objects.create(tenant=tenant_a, name=f"convert-{n}", description="convert documents")
     large = _prepare_and_count(tenant_a, owner_a, main, model_server)
     assert small == large
+
+
+@pytest.mark.parametrize(
+    "purpose, answer",
+    [
+        ("task_relation", relation("new_task", skills=["a\u0000b", "c\ud800d"])),
+        ("task_relation", text_reply("not json \u0000 \ud800")),
+        ("orchestrate", json_reply({"skills": ["x\u0000y"], "toolsets": [], "tools": []})),
+    ],
+    ids=["NUL and a lone surrogate in terms", "in a non-JSON answer", "in an orchestrate answer"],
+)
+def test_text_postgresql_cannot_store_never_costs_the_turn(
+    purpose, answer, sub_session, catalog, model_server
+):
+    if purpose == "task_relation":
+        model_server.script("task_relation", answer)
+    else:
+        model_server.script("task_relation", relation("new_task", skills=["research"]))
+        model_server.script("orchestrate", answer)
+    model_server.script("agent", text_reply("ran anyway"))
+    send(sub_session, S6[0])
+    drive_until_idle(sub_session)
+    assert sub_session.status == "idle"
+    assert Message.objects.filter(session=sub_session, role="assistant", content="ran anyway").exists()
+    stored = json.dumps(list(SessionEvent.objects.filter(session=sub_session).values_list("data", flat=True)))
+    assert "\\u0000" not in stored and "\\ud800" not in stored
+
+
+def test_a_whole_answer_must_arrive_within_the_limit_however_slowly_bytes_come():
+    import time
+
+    from sessions_app.runtime.llm.openai_provider import AnswerTimeout, _post_until_cancelled
+
+    def trickling():
+        time.sleep(2)  # a server sending one byte at a time, each within the read timeout
+        return "never read"
+
+    started = time.monotonic()
+    with pytest.raises(AnswerTimeout, match="timed out"):
+        _post_until_cancelled(trickling, None, deadline=0.2)
+    assert time.monotonic() - started < 2  # the caller did not wait for the trickle
+
+
+def test_out_of_range_usage_is_clamped_not_a_crash(sub_session, model_server):
+    model_server.script(
+        "task_relation", relation("new_task", usage={"prompt_tokens": -5, "completion_tokens": 1})
+    )
+    model_server.script(
+        "agent", text_reply("ok", usage={"prompt_tokens": 99_999_999_999, "completion_tokens": 3})
+    )
+    send(sub_session, S6[0])
+    drive_until_idle(sub_session)
+    assert sub_session.status == "idle"
+    call = ModelCall.objects.get(session=sub_session, purpose="agent")
+    assert call.prompt_tokens == 2**31 - 1
+    assert ModelCall.objects.get(session=sub_session, purpose="task_relation").prompt_tokens == 0
+
+
+def test_a_sub_session_never_gets_the_delegate_tool(
+    sub_session, catalog, model_server, tenant_a, api_owner_a
+):
+    coordinators = ToolSet.objects.create(tenant=tenant_a, name="coordination", description="delegate work")
+    coordinators.tools.add(Tool.objects.get(tenant=None, name="session_delegate"))
+    model_server.script("task_relation", relation("new_task", tools=["session delegate", "delegate"]))
+    model_server.script("orchestrate", json_reply({"skills": [], "toolsets": ["coordination"], "tools": []}))
+    model_server.script(
+        "agent",
+        tool_reply([tool_call("tools_select", {"names": ["session_delegate"]}, id="sel")]),
+        text_reply("done"),
+    )
+    send(sub_session, S6[0])
+    drive_until_idle(sub_session)
+    (finished,) = _events(sub_session, "orchestration.finished")
+    assert "session_delegate" not in finished["candidates"]["tools"]
+    # Even the tool set an admin put it in does not give it to a sub-Session.
+    for request in model_server.requests_for("agent"):
+        assert "session_delegate" not in request.tool_names
+    selected = Message.objects.get(session=sub_session, role="tool", tool_call_id="sel")
+    assert selected.is_error and "session_delegate" in selected.content
+    detail = api_owner_a.get(f"/api/v1/sessions/{sub_session.pk}/").json()
+    assert "session_delegate" not in detail["capabilities"]["tools"]
+    parent = api_owner_a.get(f"/api/v1/sessions/{sub_session.parent_id}/").json()
+    assert "session_delegate" in parent["capabilities"]["tools"]

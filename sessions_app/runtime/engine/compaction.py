@@ -27,7 +27,7 @@ from ...models import Checkpoint, Message, ModelCall, Session
 from ..events import emit
 from ..llm.config import EffectiveModel
 from .fencing import locked_session
-from .history import RequestHistory, turn_request
+from .history import RequestHistory, turn_request, without_nul
 from .turns import set_status
 
 # After a compaction the kept history should use at most this share of the budget, so the
@@ -158,11 +158,12 @@ def record_summary(
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens") or 0),
             attempts=result.attempts if result is not None else 1,
-            attempt_errors=result.attempt_errors if result is not None else [],
-            error=error[:5000],
+            attempt_errors=without_nul(result.attempt_errors if result is not None else []),
+            error=without_nul(error[:5000]),
             ended_at=timezone.now(),
         )
         if state is not None:
+            state = without_nul(state)  # the model's text, stored: no NUL, no lone surrogate
             Checkpoint.objects.filter(pk=checkpoint.pk, status=Checkpoint.Status.PENDING).update(state=state)
             checkpoint.state = state
 

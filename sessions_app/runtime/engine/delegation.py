@@ -23,7 +23,7 @@ from ...choices import InputKind, SessionKind, TurnReason
 from ...models import Delivery, Input, Session, Turn
 from ..events import emit
 from .fencing import locked_session
-from .sessions import create_session, enqueue_input, workspace_dir, workspace_path
+from .sessions import archive_session, create_session, enqueue_input, workspace_dir, workspace_path
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,12 @@ def delegate(
     if sub_session_id:
         child = (
             Session.objects.filter(
-                tenant_id=main.tenant_id, parent_id=main.pk, kind=SessionKind.SUB, archived_at__isnull=True
+                tenant_id=main.tenant_id,
+                parent_id=main.pk,
+                kind=SessionKind.SUB,
+                # A colleague's sub-Session under this one is theirs: their memory, their work.
+                owner_id=main.owner_id,
+                archived_at__isnull=True,
             )
             .filter(pk=_uuid_or_none(sub_session_id))
             .first()
@@ -72,10 +77,17 @@ def delegate(
         child = None
         reused = False
     files = list(dict.fromkeys(files))
+    limits = _limits()
     for path in files:  # checked before anything is created
         try:
-            if not resolve_in_workspace(workspace_path(main), path, must_exist=True).is_file():
+            source = resolve_in_workspace(workspace_path(main), path, must_exist=True)
+            if not source.is_file():
                 raise ToolError(f"{path!r} is not a file", code="not_a_file")
+            if source.stat().st_size > limits["max_bytes"]:
+                raise ToolError(
+                    f"it is over the {limits['max_bytes']:,}-byte limit of a file handed over",
+                    code="file_too_large",
+                )
         except ToolError as exc:
             raise DelegationRefused(f"{path!r} cannot be handed over: {exc}", code=exc.code) from exc
     if child is None:
@@ -91,20 +103,30 @@ def delegate(
     copied = []
     for path in files:
         try:
-            copy_file(workspace_path(main), path, workspace_path(child), path, **_limits())
+            copied.append(
+                (path, copy_file(workspace_path(main), path, workspace_path(child), path, **limits))
+            )
         except (ToolError, OSError) as exc:
+            if not reused:
+                archive_session(child.pk)  # nothing was sent to it: no empty sub-Session left behind
             raise DelegationRefused(f"{path!r} could not be handed over: {exc}", code="file_refused") from exc
-        copied.append(path)
     with transaction.atomic():
+        with locked_session(child.pk) as locked_child:
+            for path, op in copied:
+                # Announced as handed over (`by`), so the sub-Session's delivery does not count
+                # them as its own work.
+                emit(locked_child, "file.changed", {"path": path, "op": op, "by": f"MainSession {main.pk}"})
         created, _ = enqueue_input(
             child.pk,
             kind=InputKind.MESSAGE,
             payload={
                 "text": request,
-                **({"attachments": copied} if copied else {}),
+                **({"attachments": [path for path, _ in copied]} if copied else {}),
                 "delegated_by": str(main.pk),
                 **({"delegated_call_id": call_id} if call_id else {}),
             },
+            # The MainSession's owner asks (the sub-Session's memory is theirs alike).
+            user=main.owner,
         )
         transaction.on_commit(lambda: _wake(child.pk))
     return {
@@ -112,7 +134,7 @@ def delegate(
         "title": child.title,
         "input_id": created.pk,
         "reused": reused,
-        "files": copied,
+        "files": [path for path, _ in copied],
     }
 
 

@@ -12,6 +12,7 @@ from ...models import ModelCall, Session, Turn
 from ..events import emit
 from .context import prompt_blob
 from .fencing import locked_session
+from .history import without_nul
 from .sessions import _add_capabilities
 from .turns import set_status
 
@@ -55,6 +56,7 @@ def apply_understanding(
     """Brain's transition, committed with the task-relation call's evidence: the goals it sets
     and `task.understood` (CONTRACT data, plus `turn_id`, `mode` and the recall terms as
     extensions). Without orchestration to follow (`mode` None) the turn's steps may begin."""
+    understanding = without_nul(understanding)  # what a model wrote, stored: no NUL, no lone surrogate
     with locked_session(session_id, token) as session:
         _end_call(session, call, result=result, answer=understanding)
         changed = {}
@@ -92,7 +94,7 @@ def preparation_failed(
     with locked_session(session_id, token) as session:
         if call is not None:
             _end_call(session, call, result=result, error=error)
-        emit(session, "error", {"code": code, "message": message[:1000], "turn_id": turn_id})
+        emit(session, "error", {"code": code, "message": without_nul(message[:1000]), "turn_id": turn_id})
         _begin_steps(session, turn_id)
 
 
@@ -213,15 +215,21 @@ def _end_call(
         facts["answer"] = answer
     elif result is not None and result.text:
         facts["raw_answer"] = result.text[:2000]
+    ended_at = timezone.now()
+    latency_ms = max(int((ended_at - call.started_at).total_seconds() * 1000), 0) if call.started_at else None
+    # All of it may hold what the model sent: stored without NUL or lone surrogates.
     ModelCall.objects.filter(pk=call.pk).update(
-        finish_reason=finish_reason or (result.finish_reason if result is not None else "error"),
+        finish_reason=without_nul(finish_reason or (result.finish_reason if result is not None else "error"))[
+            :30
+        ],
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         attempts=result.attempts if result is not None else 1,
-        attempt_errors=result.attempt_errors if result is not None else [],
-        error=error[:5000],
-        fact_versions=facts,
-        ended_at=timezone.now(),
+        attempt_errors=without_nul(result.attempt_errors if result is not None else []),
+        error=without_nul(error[:5000]),
+        fact_versions=without_nul(facts),
+        latency_ms=latency_ms,
+        ended_at=ended_at,
     )
     if prompt_tokens or completion_tokens:
         Session.objects.filter(pk=session.pk).update(

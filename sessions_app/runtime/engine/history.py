@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 from ...choices import InputKind, Role
 from ...models import Message, Session
@@ -29,10 +30,17 @@ GUIDANCE_FRAME = "[Guidance from the user while you work — take it into accoun
 NUL = "\x00"
 
 
+# Lone surrogates (a model may send "\ud800" as a JSON escape) cannot be stored either (UTF-8).
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def without_nul(value, replacement: str = "\ufffd"):
-    """`value` (text or JSON-like data) with every NUL in its strings and keys replaced."""
+    """`value` (text or JSON-like data) with every NUL and lone surrogate in its strings and keys
+    replaced: what PostgreSQL can store."""
     if isinstance(value, str):
-        return value.replace(NUL, replacement) if NUL in value else value
+        if NUL in value:
+            value = value.replace(NUL, replacement)
+        return _LONE_SURROGATE.sub(replacement, value)
     if isinstance(value, dict):
         return {without_nul(k, replacement): without_nul(v, replacement) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -222,13 +222,14 @@ def _settle_calls(session: Session, turn_id: int, rerun_kind, recovery: Recovery
 
 def _close_open_model_calls(session: Session) -> list[int]:
     open_calls = list(
-        ModelCall.objects.filter(session_id=session.pk, ended_at__isnull=True).values_list("pk", flat=True)
+        ModelCall.objects.filter(session_id=session.pk, ended_at__isnull=True).values_list("pk", "purpose")
     )
     if open_calls:
-        ModelCall.objects.filter(pk__in=open_calls).update(
+        ModelCall.objects.filter(pk__in=[pk for pk, _ in open_calls]).update(
             finish_reason="interrupted", error=RUNNER_LOST, ended_at=timezone.now()
         )
-    for call_id in open_calls:
+    # Only a step's call was announced (`model.started`); the others' rows say what happened.
+    for call_id in [pk for pk, purpose in open_calls if purpose == CallPurpose.AGENT]:
         emit(
             session,
             "model.ended",
@@ -239,4 +240,4 @@ def _close_open_model_calls(session: Session) -> list[int]:
                 "error": RUNNER_LOST,
             },
         )
-    return open_calls
+    return [pk for pk, _ in open_calls]

@@ -415,20 +415,24 @@ class DemoModelProvider:
     @staticmethod
     def _task_relation(messages) -> dict:
         """The four-field answer (CONTRACT), as a rule of thumb: the first task is new, a message
-        starting "continue" continues it, anything else is a new phase of the same goal; the
-        message's own words are the recall terms."""
+        starting "continue" continues it, one sharing no word with the goals is out of scope,
+        anything else is a new phase of the same goal; the message's own words are the recall
+        terms."""
         try:
             asked = json.loads(messages[-1].get("content") or "{}")
         except ValueError:
             asked = {}
         text = str(asked.get("message") or "")
+        words = list(dict.fromkeys(w for w in re.findall(r"[a-z0-9]{4,}", text.lower())))[:8]
+        goals = f"{asked.get('session_goal') or ''} {asked.get('current_phase_goal') or ''}".lower()
         if not asked.get("current_phase_goal"):
             relation = "new_task"
         elif re.match(r"\s*(continue|go on|keep going)\b", text, flags=re.IGNORECASE):
             relation = "continue_current"
+        elif not any(word in goals for word in words):
+            relation = "out_of_scope"  # shares no word with the goals
         else:
             relation = "change_within_session"
-        words = list(dict.fromkeys(w for w in re.findall(r"[a-z0-9]{4,}", text.lower())))[:8]
         return {
             "task_relation": relation,
             "skill_recall_terms": words,

@@ -51,7 +51,7 @@ def _is_transient(exc: Exception) -> bool:
     should_retry = response.headers.get("x-should-retry") if response is not None else None
     if should_retry in ("true", "false"):
         return should_retry == "true"
-    if isinstance(exc, _TRANSIENT):
+    if isinstance(exc, (*_TRANSIENT, AnswerTimeout)):
         return True
     return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
 
@@ -150,13 +150,37 @@ def request_body(
     return f'{head[:-1]}, "messages": {encoded}}}'.encode()
 
 
-def _post_until_cancelled(post: Callable[[], Stream], cancel: CancelSignal) -> Stream:
+# A reported count is the server's word: kept within what the evidence columns hold (a negative
+# or absurd number would otherwise fail the commit of the step it belongs to).
+MAX_REPORTED_TOKENS = 2**31 - 1
+
+
+def _usage(usage) -> dict:
+    def count(value) -> int:
+        try:
+            return min(max(int(value or 0), 0), MAX_REPORTED_TOKENS)
+        except (TypeError, ValueError, OverflowError):
+            return 0
+
+    return {"prompt_tokens": count(usage.prompt_tokens), "completion_tokens": count(usage.completion_tokens)}
+
+
+class AnswerTimeout(Exception):
+    """No whole answer within the call's wall-clock limit (a server trickling bytes slower than
+    the read timeout would otherwise hold the call without bound)."""
+
+
+def _post_until_cancelled(
+    post: Callable[[], Stream], cancel: CancelSignal | None, deadline: float | None = None
+):
     """`post()` — which returns once the response headers arrive (or, not streaming, the whole
-    answer) — unless the user interrupts
-    first: a model that thinks for a minute before its first byte must not hold an interrupt
-    that long. The request then finishes in its thread, and its stream is closed unread."""
+    answer) — unless the user interrupts first, or `deadline` seconds pass (AnswerTimeout): a
+    model that thinks for a minute before its first byte must not hold an interrupt that long.
+    The request then finishes in its thread, and its stream is closed unread."""
+    cancel = cancel if cancel is not None else CancelSignal()
     outcome: dict = {}
     done = threading.Event()
+    abandoned = threading.Event()  # past the deadline: nobody reads what arrives
 
     def run():
         try:
@@ -166,15 +190,18 @@ def _post_until_cancelled(post: Callable[[], Stream], cancel: CancelSignal) -> S
         finally:
             done.set()
             close = getattr(outcome.get("stream"), "close", None)  # a whole answer has nothing open
-            if cancel.is_set() and close is not None:
+            if (cancel.is_set() or abandoned.is_set()) and close is not None:
                 close()
 
     threading.Thread(target=run, name="model-request", daemon=True).start()
     unregister = cancel.on_cancel(done.set)
     try:
-        done.wait()
+        finished = done.wait(deadline)
     finally:
         unregister()
+    if not finished:
+        abandoned.set()
+        raise AnswerTimeout(f"timed out: no whole answer within {deadline:g} s")
     if "error" in outcome:
         raise outcome["error"]
     if "stream" not in outcome:  # interrupted before the answer began
@@ -240,15 +267,15 @@ class OpenAIChatProvider:
                 },
             )
 
-        completion = post() if cancel is None else _post_until_cancelled(post, cancel)
+        # A whole answer within the call's limit, however slowly the server sends its bytes.
+        completion = _post_until_cancelled(post, cancel, deadline=timeout.read)
         if cancel is not None and cancel.is_set():
             raise Cancelled()
+        if not isinstance(completion, ChatCompletion):
+            raise ValueError("the endpoint answered something that is not a chat completion")
         result = ModelResult()
         if completion.usage is not None:
-            result.usage = {
-                "prompt_tokens": completion.usage.prompt_tokens or 0,
-                "completion_tokens": completion.usage.completion_tokens or 0,
-            }
+            result.usage = _usage(completion.usage)
         choice = (completion.choices or [None])[0]
         if choice is None or choice.message is None:
             result.finish_reason = "length"  # an answer without a message: nothing to read
@@ -286,10 +313,7 @@ class OpenAIChatProvider:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled()
                 if chunk.usage is not None:
-                    result.usage = {
-                        "prompt_tokens": chunk.usage.prompt_tokens or 0,
-                        "completion_tokens": chunk.usage.completion_tokens or 0,
-                    }
+                    result.usage = _usage(chunk.usage)
                 for choice in chunk.choices or []:
                     delta = choice.delta
                     if delta is not None and delta.content:
