@@ -16,6 +16,7 @@ from tools_app.net import OutboundRefused, check_url
 from .models import (
     Checkpoint,
     Delivery,
+    GoalRun,
     Input,
     Memory,
     Message,
@@ -253,6 +254,28 @@ class DeliveryAdmin(ReadOnlyTenantScopedAdmin):
     @admin.display(description="unresolved failures")
     def unresolved(self, obj):
         return len(obj.unresolved_failures)
+
+
+@admin.register(GoalRun)
+class GoalRunAdmin(ReadOnlyTenantScopedAdmin):
+    """Goal runs and the driver's decisions (only the goal driver writes them; people resume or
+    stop a run from the API)."""
+
+    list_display = [
+        "id",
+        "session",
+        "status",
+        "rounds_done",
+        "max_rounds",
+        "tokens_used",
+        "token_budget",
+        "last_decision",
+        "started_at",
+        "ended_at",
+    ]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "status", "last_decision"]
+    search_fields = ["goal", "last_reason"]
+    raw_id_fields = ["session", "round_input", "last_turn"]
 
 
 @admin.register(Checkpoint)

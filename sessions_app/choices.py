@@ -65,3 +65,16 @@ class MemoryKind(models.TextChoices):
     PREFERENCE = "preference", "Preference"
     CONSTRAINT = "constraint", "Constraint"
     DECISION = "decision", "Decision"
+
+
+class GoalRunStatus(models.TextChoices):
+    ACTIVE = "active", "Active"
+    PAUSED = "paused", "Paused"
+    DONE = "done", "Done"
+    STOPPED = "stopped", "Stopped"
+
+
+class GoalDecision(models.TextChoices):
+    CONTINUE = "continue", "Continue"
+    DONE = "done", "Done"
+    STOP = "stop", "Stop"

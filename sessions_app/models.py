@@ -6,13 +6,17 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 from tenancy_app.models import TenantOwnedModel
 from tools_app.models import OperatorConfigured
 
 from .choices import (
     CallPurpose,
+    GoalDecision,
+    GoalRunStatus,
     InputKind,
     InputStatus,
     MemoryKind,
@@ -463,3 +467,68 @@ class Memory(TenantOwnedModel):
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.text[:60]}"
+
+
+class GoalRun(TenantOwnedModel):
+    """A long task run as several rounds (`runtime/goal_driver.py` is its only writer).
+
+    Each round is an ordinary message input of the Session. After a round's turn ends the driver
+    reads the product's own facts — the turn's end reason, the Session's token counters, the
+    clock, the turn's delivery record and the plan — and decides continue / done / stop, recorded
+    here and as a `goal.decided` event. Any recovery of a lost runner pauses an active run; only a
+    person resumes it. At most one run per Session is open (active or paused) at a time.
+    """
+
+    MAX_ROUNDS = 50
+    OPEN_STATUSES = (GoalRunStatus.ACTIVE, GoalRunStatus.PAUSED)
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="goal_runs")
+    goal = models.TextField(max_length=10000)
+    max_rounds = models.PositiveSmallIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_ROUNDS)]
+    )
+    # Prompt + completion tokens the Session may spend while the run is open (all its model calls).
+    token_budget = models.PositiveBigIntegerField(validators=[MinValueValidator(1)])
+    wall_clock_seconds = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    status = models.CharField(max_length=10, choices=GoalRunStatus.choices, default=GoalRunStatus.ACTIVE)
+    rounds_done = models.PositiveSmallIntegerField(default=0, help_text="rounds whose turn has ended")
+    # The Session's prompt + completion counters when the run started; what it used is the
+    # difference, frozen at each decision in `tokens_used`.
+    tokens_at_start = models.PositiveBigIntegerField(default=0)
+    tokens_used = models.PositiveBigIntegerField(default=0)
+    # The input of the latest round the driver queued, and the turn of the latest round that ended.
+    round_input = models.ForeignKey(Input, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    last_turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    last_decision = models.CharField(max_length=10, choices=GoalDecision.choices, blank=True)
+    last_reason = models.CharField(max_length=1000, blank=True)
+    last_decision_round = models.PositiveSmallIntegerField(null=True, blank=True)
+    paused_reason = models.CharField(max_length=500, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session"],
+                condition=models.Q(status__in=["active", "paused"]),
+                name="one_open_goal_run",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_rounds__gte=1, max_rounds__lte=50), name="goal_run_max_rounds_range"
+            ),
+            models.CheckConstraint(condition=models.Q(token_budget__gte=1), name="goal_run_token_budget_min"),
+            models.CheckConstraint(
+                condition=models.Q(wall_clock_seconds__gte=1), name="goal_run_wall_clock_min"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"goal run #{self.pk} ({self.status})"
+
+    @property
+    def is_open(self) -> bool:
+        return self.status in self.OPEN_STATUSES

@@ -9,9 +9,10 @@ from config.api import ParameterError
 from tools_app.base import ToolError
 from tools_app.workspace import relative_posix, resolve_in_workspace
 
-from ..choices import InputKind, InputStatus, PlanTaskStatus, SessionKind
+from ..choices import GoalDecision, InputKind, InputStatus, PlanTaskStatus, SessionKind
 from ..models import (
     Delivery,
+    GoalRun,
     Input,
     Message,
     ModelCall,
@@ -20,7 +21,7 @@ from ..models import (
     SessionCapability,
     SessionEvent,
 )
-from ..runtime import approvals
+from ..runtime import approvals, goal_driver
 from ..runtime.llm.config import resolve_model, tenant_default_config
 
 IDEMPOTENCY_KEY_MAX_LENGTH = Input._meta.get_field("idempotency_key").max_length
@@ -466,3 +467,68 @@ class DeliverySerializer(serializers.ModelSerializer):
             "created_at",
         ]
         read_only_fields = fields
+
+
+class GoalRunCreateSerializer(serializers.Serializer):
+    """`POST …/goal-run/`: the goal and the run's limits (checked between rounds)."""
+
+    goal = serializers.CharField(max_length=10_000, trim_whitespace=False)
+    max_rounds = serializers.IntegerField(min_value=1, max_value=GoalRun.MAX_ROUNDS, default=3)
+    token_budget = serializers.IntegerField(
+        min_value=1,
+        max_value=2**63 - 1,
+        default=200_000,
+        help_text="prompt + completion tokens the Session may spend while the run is open",
+    )
+    wall_clock_seconds = serializers.IntegerField(min_value=1, max_value=86_400, default=3_600)
+
+    def validate_goal(self, value: str) -> str:
+        if not value.strip():
+            raise serializers.ValidationError("This field may not be blank.", code="blank")
+        return value
+
+
+class GoalDecisionSerializer(serializers.Serializer):
+    decision = serializers.ChoiceField(choices=GoalDecision.choices)
+    reason = serializers.CharField()
+    round = serializers.IntegerField(help_text="the round after which it was decided (0: none had ended)")
+
+
+class GoalRunSerializer(serializers.ModelSerializer):
+    """A goal run. While it is open, `tokens_used` and `elapsed_seconds` are live; once it ended,
+    as of its last decision."""
+
+    tokens_used = serializers.SerializerMethodField()
+    elapsed_seconds = serializers.SerializerMethodField()
+    last_decision = serializers.SerializerMethodField()
+
+    class Meta:
+        model = GoalRun
+        fields = [
+            "id",
+            "goal",
+            "status",
+            "max_rounds",
+            "rounds_done",
+            "token_budget",
+            "tokens_used",
+            "wall_clock_seconds",
+            "elapsed_seconds",
+            "started_at",
+            "ended_at",
+            "last_decision",
+            "paused_reason",
+        ]
+        read_only_fields = fields
+
+    def get_tokens_used(self, obj) -> int:
+        return goal_driver.tokens_used(obj)
+
+    def get_elapsed_seconds(self, obj) -> int:
+        return goal_driver.elapsed_seconds(obj)
+
+    @extend_schema_field(GoalDecisionSerializer(allow_null=True))
+    def get_last_decision(self, obj) -> dict | None:
+        if not obj.last_decision:
+            return None
+        return {"decision": obj.last_decision, "reason": obj.last_reason, "round": obj.last_decision_round}

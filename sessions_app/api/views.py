@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from django.db.models import Q
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status
@@ -19,7 +21,7 @@ from tenancy_app.throttling import caller_ident
 
 from ..choices import CallPurpose, SessionStatus
 from ..models import ModelCall, Plan, Session
-from ..runtime import approvals, brain, engine
+from ..runtime import approvals, brain, engine, goal_driver
 from . import longpoll
 from .files import SessionFilesMixin
 from .pagination import HistoryPagination, SessionListPagination
@@ -27,6 +29,8 @@ from .serializers import (
     ApprovalSerializer,
     DecisionSerializer,
     EventSerializer,
+    GoalRunCreateSerializer,
+    GoalRunSerializer,
     InputAcceptedSerializer,
     InputCreateSerializer,
     MessageSerializer,
@@ -281,6 +285,74 @@ class SessionViewSet(
         session = self.get_object()
         plan = Plan.objects.filter(session=session).first()
         return Response({"plan": plan.as_dict() if plan else None})
+
+    # --- the goal driver (runtime/goal_driver.py): one run per Session at a time ---------------------
+
+    @extend_schema(
+        methods=["GET"],
+        summary="The Session's goal run: the open one, else the latest (404 when it never had one)",
+        responses=GoalRunSerializer,
+    )
+    @extend_schema(
+        methods=["POST"],
+        summary="Start a goal run: round 1 is queued as a message; the driver decides after each round",
+        request=GoalRunCreateSerializer,
+        responses={
+            201: GoalRunSerializer,
+            409: error("`goal_run_active`: the Session already has an active or paused goal run."),
+        },
+    )
+    @action(detail=True, methods=["get", "post"], url_path="goal-run", pagination_class=None)
+    def goal_run(self, request, pk=None):
+        session = self.get_object()
+        if request.method == "GET":
+            return Response(GoalRunSerializer(_goal_run_or_404(session)).data)
+        body = GoalRunCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        with _goal_run_errors():
+            run = goal_driver.start(session.pk, user=request.user, **body.validated_data)
+        return Response(GoalRunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="Resume a goal run paused by recovery (an active one: unchanged)",
+        request=None,
+        responses={200: GoalRunSerializer, 409: error("`goal_run_finished`: the run is done or stopped.")},
+    )
+    @action(detail=True, methods=["post"], url_path="goal-run/resume", pagination_class=None)
+    def goal_run_resume(self, request, pk=None):
+        session = self.get_object()
+        with _goal_run_errors():
+            run = goal_driver.resume(session.pk, user=request.user)
+        return Response(GoalRunSerializer(run).data)
+
+    @extend_schema(
+        summary="Stop a goal run: no further round (a round already running is not interrupted)",
+        request=None,
+        responses={200: GoalRunSerializer, 409: error("`goal_run_finished`: the run is done.")},
+    )
+    @action(detail=True, methods=["post"], url_path="goal-run/stop", pagination_class=None)
+    def goal_run_stop(self, request, pk=None):
+        session = self.get_object()
+        with _goal_run_errors():
+            run = goal_driver.stop(session.pk, user=request.user)
+        return Response(GoalRunSerializer(run).data)
+
+
+def _goal_run_or_404(session):
+    run = goal_driver.current_run(session.pk)
+    if run is None:
+        raise NotFound("This Session has no goal run.")
+    return run
+
+
+@contextmanager
+def _goal_run_errors():
+    try:
+        yield
+    except goal_driver.NoGoalRun:
+        raise NotFound("This Session has no goal run.") from None
+    except goal_driver.GoalRunError as exc:
+        raise Conflict(exc.code, exc.message) from None
 
 
 def _approval_status_filter(request, queryset):

@@ -1464,6 +1464,14 @@
         const ids = Array.isArray(d.memory_ids) ? d.memory_ids : [];
         return `${ids.length} memor${ids.length === 1 ? "y" : "ies"}${ids.length ? ` (#${ids.join(", #")})` : ""}`;
       }
+      case "goal.started":
+        return `up to ${d.max_rounds} rounds — ${d.goal}`;
+      case "goal.decided":
+        return `round ${d.round}: ${d.decision} — ${d.reason}`;
+      case "goal.paused":
+        return d.reason || "";
+      case "goal.resumed":
+        return d.by ? `by ${d.by}` : "";
       default:
         return "";
     }

@@ -115,7 +115,7 @@ def test_interrupt_is_queued(api_owner_a, session_a):
     assert Input.objects.get(pk=response.json()["input_id"]).kind == "interrupt"
 
 
-SUBROUTES = ["", "messages/", "events/", "model-calls/", "plan/"]
+SUBROUTES = ["", "messages/", "events/", "model-calls/", "plan/", "goal-run/"]
 
 
 @pytest.mark.parametrize("suffix", SUBROUTES)
@@ -128,12 +128,13 @@ def test_another_tenant_gets_404_on_every_session_route(api_outsider_b, session_
 
 
 def test_another_tenant_cannot_post_inputs_or_interrupt(api_outsider_b, session_a):
-    for action in ("inputs/", "interrupt/"):
+    for action in ("inputs/", "interrupt/", "goal-run/", "goal-run/resume/", "goal-run/stop/"):
         response = api_outsider_b.post(
-            f"/api/v1/sessions/{session_a.pk}/{action}", {"text": "hi"}, format="json"
+            f"/api/v1/sessions/{session_a.pk}/{action}", {"text": "hi", "goal": "mine now"}, format="json"
         )
         assert_error_shape(response, 404, "not_found")
     assert not Input.objects.filter(session=session_a).exists()
+    assert not session_a.goal_runs.exists()
     session_a.refresh_from_db()
     assert session_a.title == "Acme report" and session_a.archived_at is None
 

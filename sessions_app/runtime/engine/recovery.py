@@ -16,7 +16,9 @@ The rules, by what the lost runner left:
   not run, since they may depend on it;
 - a compaction left pending is promoted when its summary had been validated, else discarded;
 - `running`/`preparing`/`compressing` with no open turn has nothing to resume: `failed`, with an
-  `error` event (`recovery_failed`).
+  `error` event (`recovery_failed`);
+- an active goal run is paused, first, whatever was found (`goal_driver.pause_after_recovery`):
+  only a person resumes it.
 """
 
 from __future__ import annotations
@@ -79,6 +81,10 @@ def recover_lost_runner(session_id, token, rerun_kind: Callable[[str], str] | No
     it nothing is re-run)."""
     rerun_kind = rerun_kind or (lambda name: "")
     with locked_session(session_id, token) as session:
+        from .. import goal_driver  # imported late: the driver builds on the engine
+
+        # Before anything ends a turn here: a goal run never goes on by itself after a lost runner.
+        goal_driver.pause_after_recovery(session)
         recovery = Recovery()
         recovery.interrupted_model_calls = _close_open_model_calls(session)
         queued = Input.objects.filter(session_id=session.pk, status=InputStatus.QUEUED).count()

@@ -122,16 +122,24 @@ def enqueue_input(
             existing = Input.objects.filter(session=session, idempotency_key=idempotency_key).first()
             if existing is not None:
                 return existing, False
-        created = Input.objects.create(
-            tenant_id=session.tenant_id,
-            session=session,
-            kind=kind,
-            payload=payload,
-            idempotency_key=idempotency_key or None,
-            created_by=user if getattr(user, "is_authenticated", False) else None,
-        )
-        emit(session, "input.queued", {"input_id": created.pk, "kind": kind})
-    return created, True
+        return queue_input(
+            session, kind=kind, payload=payload, idempotency_key=idempotency_key, user=user
+        ), True
+
+
+def queue_input(session: Session, *, kind: str, payload: dict, idempotency_key=None, user=None) -> Input:
+    """`enqueue_input` for a caller that already holds the Session lock (its events share the
+    caller's batch: a second lock inside would number them twice)."""
+    created = Input.objects.create(
+        tenant_id=session.tenant_id,
+        session=session,
+        kind=kind,
+        payload=payload,
+        idempotency_key=idempotency_key or None,
+        created_by=user if getattr(user, "is_authenticated", False) else None,
+    )
+    emit(session, "input.queued", {"input_id": created.pk, "kind": kind})
+    return created
 
 
 def update_session(session_id, *, title: str | None = None) -> Session:

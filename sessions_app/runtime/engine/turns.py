@@ -158,6 +158,9 @@ def end_turn(session: Session, turn: Turn, reason: str, detail: str = "") -> Non
         from .delegation import report_to_parent  # delegation builds on this module
 
         report_to_parent(session, turn, reason, detail)
+    from .. import goal_driver  # imported late: the driver builds on the engine
+
+    goal_driver.after_turn(session, turn)  # a goal run's round decides its next one here
 
 
 def fail_turn(session: Session, turn: Turn, *, code: str, reason: str) -> None:
