@@ -32,7 +32,15 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from ..choices import GoalDecision, GoalRunStatus, InputKind, InputStatus, PlanTaskStatus, TurnReason
+from ..choices import (
+    GoalDecision,
+    GoalRunStatus,
+    InputKind,
+    InputStatus,
+    PlanTaskStatus,
+    SessionKind,
+    TurnReason,
+)
 from ..models import Delivery, GoalRun, Input, PlanTask, Session, Turn
 from . import engine
 from .events import emit
@@ -126,6 +134,16 @@ def start(
                 "by": person.get_username() if person else None,
             },
         )
+        if session.kind == SessionKind.MAIN:
+            # The run's goal is the person's: it is the phase goal (and the session goal, if there
+            # is none yet), not the framed text of round 1. A sub-Session's task understanding
+            # reads the round itself.
+            engine.set_goals(
+                session,
+                session_goal=None if session.session_goal else goal,
+                phase_goal=goal,
+                by=_name(person) or "",
+            )
         _queue_round(session, run, 1, user=person)
         _wake_after_commit(session.pk)
     return run

@@ -99,6 +99,10 @@ def test_a_three_round_task_stops_at_its_round_limit_with_the_reason_recorded(se
     assert "- open plan task t1 (pending): draft" in round_2
     round_3 = requests[3].messages[-1]["content"]
     assert "round 3 of 3" in round_3 and "unresolved failure" not in round_3
+    # The run's goal is the person's: the goals are it, not the framed text of round 1.
+    session.refresh_from_db()
+    assert (session.session_goal, session.phase_goal) == (GOAL, GOAL)
+    assert f"Current phase goal: {GOAL}" in requests[0].messages[0]["content"]
     decided = _events(session, "goal.decided")[-1]
     assert decided == {
         "goal_run_id": run.pk,

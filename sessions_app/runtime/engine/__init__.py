@@ -44,6 +44,7 @@ from .goals import (
     commit_orchestration,
     interrupted_preparation,
     preparation_failed,
+    set_goals,
     update_goals,
 )
 from .history import (
@@ -106,6 +107,7 @@ __all__ = [
     "commit_orchestration",
     "interrupted_preparation",
     "preparation_failed",
+    "set_goals",
     "update_goals",
     "needs_understanding",
     "ACTIVE_STATUSES",

@@ -24,21 +24,29 @@ def update_goals(session_id, *, session_goal: str | None = None, phase_goal: str
     request shows the new goals (`goals.updated`, an extension event, makes a running slice
     re-read). Returns the Session."""
     with locked_session(session_id) as session:
-        changed = {}
-        if session_goal is not None and session_goal != session.session_goal:
-            changed["session_goal"] = session_goal[:MAX_GOAL_CHARS]
-        if phase_goal is not None and phase_goal != session.phase_goal:
-            changed["phase_goal"] = phase_goal[:MAX_GOAL_CHARS]
-        if changed:
-            for name, value in changed.items():
-                setattr(session, name, value)
-            Session.objects.filter(pk=session.pk).update(**changed, updated_at=timezone.now())
-            emit(
-                session,
-                "goals.updated",
-                {"session_goal": session.session_goal, "phase_goal": session.phase_goal, "by": by},
-            )
+        set_goals(session, session_goal=session_goal, phase_goal=phase_goal, by=by)
     return session
+
+
+def set_goals(
+    session: Session, *, session_goal: str | None = None, phase_goal: str | None = None, by: str = ""
+):
+    """`update_goals` for a caller that holds the Session's lock already (e.g. a goal run started
+    by a person: its goal is theirs). None leaves a goal as it is."""
+    changed = {}
+    if session_goal is not None and session_goal != session.session_goal:
+        changed["session_goal"] = session_goal[:MAX_GOAL_CHARS]
+    if phase_goal is not None and phase_goal != session.phase_goal:
+        changed["phase_goal"] = phase_goal[:MAX_GOAL_CHARS]
+    if changed:
+        for name, value in changed.items():
+            setattr(session, name, value)
+        Session.objects.filter(pk=session.pk).update(**changed, updated_at=timezone.now())
+        emit(
+            session,
+            "goals.updated",
+            {"session_goal": session.session_goal, "phase_goal": session.phase_goal, "by": by},
+        )
 
 
 def apply_understanding(
