@@ -13,18 +13,11 @@ from django.views.decorators.http import require_safe
 from tenancy_app.access import SESSION_TENANT_KEY, resolve_membership
 from tools_app.registry import default_tool_names
 
-from .choices import MemoryKind, SessionStatus
+from .choices import MemoryKind
 from .models import Session
 
 # How many logged events before the page's snapshot the activity log shows on open.
 EVENT_LOG_BACKLOG = 300
-# While a turn runs the phase goal is what it works on; otherwise it is the last task.
-WORKING_STATUSES = {
-    SessionStatus.PREPARING,
-    SessionStatus.RUNNING,
-    SessionStatus.WAITING_APPROVAL,
-    SessionStatus.COMPRESSING,
-}
 
 
 @require_safe
@@ -68,14 +61,26 @@ def session_detail(request, session_id):
         # Whose Session it is: memories recalled for it are the owner's, private to them.
         "owner": session.owner.get_username() if session.owner_id else "",
     }
+    goals = [
+        {
+            "field": "session_goal",
+            "slug": "session-goal",
+            "label": "Session goal",
+            "value": session.session_goal,
+            "help": "What this whole Session is for: set by its first task, changed only by people.",
+        },
+        {
+            "field": "phase_goal",
+            "slug": "phase-goal",
+            "label": "Phase goal",
+            "value": session.phase_goal,
+            "help": "What the agent works on now: each new task or phase sets it, and you may correct it.",
+        },
+    ]
     return render(
         request,
         "workspace/session.html",
-        {
-            "session": session,
-            "boot": boot,
-            "phase_label": "Working on" if session.status in WORKING_STATUSES else "Last task",
-        },
+        {"session": session, "boot": boot, "goals": goals},
     )
 
 

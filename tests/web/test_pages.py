@@ -204,3 +204,23 @@ class TestMemoriesPage:
         assert "nav-memories" not in client.get("/").content.decode()
         html = client.get("/memories/").content.decode()
         assert "not a member of any tenant" in html and "memories.js" not in html
+
+
+class TestSessionPage:
+    """The Session page's frame: the goals panel."""
+
+    @pytest.fixture
+    def main_a(self, tenant_a, owner_a):
+        from sessions_app.runtime import engine
+
+        return engine.create_session(tenant=tenant_a, owner=owner_a, title="Coordinator <b>")
+
+    def test_the_goals_panel_shows_both_goals_each_with_its_editor(self, owner_a, main_a):
+        type(main_a).objects.filter(pk=main_a.pk).update(session_goal="Ship the guide", phase_goal="")
+
+        html = logged_in(owner_a).get(f"/sessions/{main_a.pk}/").content.decode()
+
+        assert 'data-field="session_goal"' in html and 'data-field="phase_goal"' in html
+        assert ">Ship the guide</p>" in html and ">not set yet</p>" in html
+        assert 'aria-label="Edit the session goal"' in html and 'aria-label="Edit the phase goal"' in html
+        assert '<label for="phase-goal-input" class="visually-hidden">Phase goal</label>' in html
