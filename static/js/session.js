@@ -93,6 +93,7 @@
     lastCommitted: null, // message id of the last `message.committed` applied: where a note of a later event goes
     eventNotes: new Map(), // seq -> timeline note made from that event (capabilities, recalled memories)
     capabilities: { skills: [], toolsets: [], tools: [] }, // attached beyond the default tools
+    sources: new Map(), // "kind\0name" -> {by, at, servers}: who attached it (session detail's capability_sources)
     skillDescriptions: null, // skill name -> description, read once from /api/v1/skills/
     title: "",
   };
@@ -124,10 +125,11 @@
   }
 
   /** Everything the page shows from the Session detail (a fresh read or a PATCH answer): header,
-   * goals, capabilities. */
+   * goals, capabilities with their sources. */
   function applySession(session) {
     if (!session) return;
     showHeader(session);
+    if (Array.isArray(session.capability_sources)) applySources(session.capability_sources);
     if (session.capabilities) addCapabilities(session.capabilities);
   }
 
@@ -139,7 +141,7 @@
 
   let headerRefresh = null;
   let refreshAgain = false;
-  /** Re-read the Session detail (title and goals): one read at a
+  /** Re-read the Session detail (title, goals, capability sources): one read at a
    * time, and one more after it when asked meanwhile, so the last change is never missed. The
    * status never comes from a re-read, only from events. */
   function refreshHeader() {
@@ -869,7 +871,11 @@
     ["tools", "Extra tools"],
   ];
 
-  /** Merge attached capabilities (the session's list or an event's additions): add-only. */
+  const FRESH_MS = 2000; // how long a capability just added stays highlighted (app.css `flash`)
+  const freshCapabilities = new Set(); // "kind\0name" added live in the last FRESH_MS
+
+  /** Merge attached capabilities (the session's list or an event's additions): add-only.
+   * Returns whether anything was new. */
   function addCapabilities(data, fresh = false) {
     const added = [];
     for (const [key] of CAPABILITY_GROUPS) {
@@ -880,10 +886,73 @@
         added.push(`${key}\u0000${name}`);
       }
     }
-    if (added.length) renderCapabilities(fresh ? new Set(added) : new Set());
+    if (fresh) {
+      // A re-render soon after (the sources' re-read) keeps the highlight.
+      for (const key of added) freshCapabilities.add(key);
+      if (added.length) window.setTimeout(() => added.forEach((key) => freshCapabilities.delete(key)), FRESH_MS);
+    }
+    if (added.length) renderCapabilities();
+    return added.length > 0;
   }
 
-  function renderCapabilities(fresh) {
+  const SOURCE_KINDS = { skill: "skills", toolset: "toolsets", tool: "tools" };
+
+  /** Where each capability came from (`capability_sources` of the Session detail). */
+  function applySources(rows) {
+    const sources = new Map();
+    const attached = { skills: [], toolsets: [], tools: [] };
+    for (const row of rows) {
+      const key = SOURCE_KINDS[row && row.kind];
+      if (!key || !row.name) continue;
+      sources.set(`${key}\u0000${row.name}`, { by: String(row.added_by || ""), at: row.added_at || "", servers: names(row.servers) });
+      attached[key].push(String(row.name));
+    }
+    state.sources = sources;
+    if (!addCapabilities(attached)) renderCapabilities();
+  }
+
+  /** "default", "chosen by orchestration", "loaded by the agent" or "added by alice". */
+  function sourceLabel(by) {
+    if (by === "default") return "default";
+    if (by === "orchestrator") return "chosen by orchestration";
+    if (by === "model") return "loaded by the agent";
+    return by ? `added by ${by}` : "";
+  }
+
+  function sourceKind(by) {
+    return ["default", "orchestrator", "model"].includes(by) ? by : "person";
+  }
+
+  function capabilitySource(key, name) {
+    const source = state.sources.get(`${key}\u0000${name}`);
+    if (!source) return null;
+    const parts = [];
+    const label = sourceLabel(source.by);
+    if (label) {
+      parts.push(
+        el("span", {
+          className: "capability-source",
+          dataset: { testid: "capability-source", source: sourceKind(source.by) },
+          attrs: { title: source.at ? `Added ${new Date(source.at).toLocaleString()}` : null },
+          text: label,
+        })
+      );
+    }
+    if (source.servers.length) {
+      parts.push(
+        el("span", {
+          className: "capability-servers muted",
+          dataset: { testid: "capability-servers" },
+          attrs: { title: "The MCP server these tools come from" },
+          text: `MCP ${source.servers.length === 1 ? "server" : "servers"} ${source.servers.join(", ")}`,
+        })
+      );
+    }
+    return parts.length ? el("span", { className: "capability-meta" }, parts) : null;
+  }
+
+  function renderCapabilities() {
+    const fresh = freshCapabilities;
     const groups = [];
     let total = 0;
     for (const [key, heading] of CAPABILITY_GROUPS) {
@@ -906,7 +975,7 @@
                   className: "capability",
                   dataset: { testid: "capability", kind: key, name, fresh: fresh.has(`${key}\u0000${name}`) ? "true" : null },
                 },
-                el("code", { className: "capability-name", text: name }),
+                el("span", { className: "capability-line" }, el("code", { className: "capability-name", text: name }), capabilitySource(key, name)),
                 description ? el("span", { className: "capability-description muted", dataset: { testid: "capability-description" }, text: description }) : null
               );
             })
@@ -926,7 +995,7 @@
     skillsRead = apiAll("/api/v1/skills/?page_size=200")
       .then((skills) => {
         state.skillDescriptions = new Map(skills.map((skill) => [String(skill.name), String(skill.description || "")]));
-        renderCapabilities(new Set());
+        renderCapabilities();
       })
       .catch(() => {}); // the names alone say enough
   }
@@ -1716,6 +1785,9 @@
       case "task.understood":
       case "goals.updated":
         showGoals(data, data.by);
+        break;
+      case "capabilities.added":
+        refreshHeader(); // where they came from: the Session detail's capability_sources
         break;
       case "turn.ended":
         clearInfoNote();

@@ -190,7 +190,10 @@ def test_a_loaded_skill_shows_in_the_capabilities_card_and_the_timeline(page, st
     expect(page.get_by_test_id("session-status")).to_have_attribute(
         "data-status", "idle", timeout=LIVE_TIMEOUT_MS
     )
-    expect(card.locator("[data-testid=capability][data-kind=toolsets]")).to_have_text(["workspace-cleanup"])
+    toolsets = card.locator("[data-testid=capability][data-kind=toolsets]")
+    expect(toolsets.locator(".capability-name")).to_have_text(["workspace-cleanup"])
+    expect(toolsets.get_by_test_id("capability-source")).to_have_text(["default"])
+    expect(skills.get_by_test_id("capability-source")).to_have_text(["loaded by the agent"])
     expect(page.locator("#event-log .event[data-type='capabilities.added'] .event-detail")).to_have_text(
         ["tool set workspace-cleanup", "skill research-guide"]
     )
@@ -229,7 +232,7 @@ def test_a_later_session_shows_the_recalled_memories_and_one_deleted_since(page,
     expect(note).to_contain_text("Recalled 2 memories")
     # No skill was loaded here (the seeded tool set only).
     card = page.get_by_test_id("capabilities")
-    expect(card.locator("[data-testid=capability]")).to_have_text(["workspace-cleanup"])
+    expect(card.locator("[data-testid=capability] .capability-name")).to_have_text(["workspace-cleanup"])
     recalled = note.get_by_test_id("recalled-memory")
     expect(recalled).to_have_count(0)  # read only when unfolded
     note.get_by_test_id("memory-recalled-summary").click()
