@@ -19,7 +19,7 @@
  */
 (function () {
   "use strict";
-  const { api, apiAll, el, richText, statusLabel, timeElement, clockTime, newIdempotencyKey, formatBytes, filesPanel, ApiError } =
+  const { api, apiAll, el, richText, statusLabel, statusBadge, timeElement, clockTime, newIdempotencyKey, formatBytes, filesPanel, ApiError } =
     window.xagent;
 
   const bootNode = document.getElementById("session-boot");
@@ -445,6 +445,8 @@
   function authorLabel(message) {
     if (message.role === "assistant") return "Agent";
     if (message.role !== "user") return message.role;
+    // Nobody typed it: the MainSession handed this task over (session_delegate).
+    if (!message.author && boot.kind === "sub" && message.input_kind === "message") return "Handed over by the MainSession";
     return message.author && message.author !== USERNAME ? message.author : "You";
   }
 
@@ -465,9 +467,117 @@
     );
   }
 
+  // A sub-Session's result in its MainSession: `The sub-Session "<title>" (<id>) finished …`.
+  const SESSION_EVENT_HEADER = "[Session event: not a message from the user]";
+  const SUB_SESSION_REF = /^The sub-Session "(.*)" \(([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\) (.*)$/;
+  const DELIVERED_FILE = /^- (from-[0-9a-f]{8}\/.+)$/;
+
+  /** A session event is the product telling this Session something (a sub-Session finished),
+   * not the user speaking: a notice with a link to the sub-Session, its live title and status. */
+  function sessionEventCard(message) {
+    const lines = String(message.content || "").split("\n");
+    if (lines[0].trim() === SESSION_EVENT_HEADER) lines.shift();
+    while (lines.length && !lines[0].trim()) lines.shift();
+    const ref = lines.length ? SUB_SESSION_REF.exec(lines[0]) : null;
+    const head = el("p", { className: "session-event-lead" });
+    let link = null;
+    let status = null;
+    if (ref) {
+      lines.shift();
+      const [, title, id, rest] = ref;
+      link = el("a", {
+        className: "session-event-link",
+        dataset: { testid: "session-event-link", sessionId: id },
+        attrs: { href: `/sessions/${encodeURIComponent(id)}/` },
+        text: title || "Untitled session",
+      });
+      status = el("span", { className: "session-event-status" });
+      head.append("Sub-Session ", link, " ", status, ` ${rest}`);
+    } else {
+      head.append("A Session event");
+    }
+    // Blocks as the report writes them (blank lines between), delivered files as buttons that
+    // open them in the files panel.
+    const body = el("div", { className: "session-event-body" });
+    let list = null;
+    let block = null;
+    for (const line of lines) {
+      const file = DELIVERED_FILE.exec(line);
+      if (file) {
+        block = null;
+        if (!list) body.append((list = el("ul", { className: "session-event-files" })));
+        list.append(
+          el(
+            "li",
+            {},
+            files
+              ? el("button", {
+                  className: "link session-event-file",
+                  attrs: { type: "button", title: `Preview ${file[1]}` },
+                  text: file[1],
+                  on: { click: () => files.open(file[1]) },
+                })
+              : el("code", { text: file[1] })
+          )
+        );
+        continue;
+      }
+      list = null;
+      if (!line.trim()) {
+        block = null;
+        continue;
+      }
+      if (block) block.append("\n", richText(line));
+      else body.append((block = el("p", {}, richText(line))));
+    }
+    const item = el(
+      "li",
+      {
+        className: "message session-event",
+        dataset: { testid: "message", role: message.role, kind: "session_event", id: message.id, turn: message.turn },
+      },
+      el(
+        "div",
+        { className: "session-event-card", dataset: { testid: "session-event" }, attrs: { role: "note", "aria-label": "Session event" } },
+        el(
+          "div",
+          { className: "message-meta" },
+          el("span", { className: "session-event-kicker", text: "Session event" }),
+          el("span", { className: "muted", text: "from the product, not a message from you" }),
+          timeElement(message.created_at, { clock: true })
+        ),
+        head,
+        body.childNodes.length ? body : null
+      )
+    );
+    if (ref) describeSubSession(ref[2], link, status);
+    return item;
+  }
+
+  /** The sub-Session's current title and status (it may have been renamed or archived since). */
+  function describeSubSession(id, link, status) {
+    api(`/api/v1/sessions/${encodeURIComponent(id)}/`)
+      .then((session) => {
+        if (session.title) link.textContent = session.title;
+        status.replaceWith(statusBadge(session.status));
+      })
+      .catch((exc) => {
+        if (exc instanceof ApiError && exc.status === 404) {
+          link.removeAttribute("href");
+          link.dataset.gone = "true";
+          status.textContent = "(no longer available)";
+          status.className = "muted";
+        }
+      });
+  }
+
   function renderMessage(message) {
     if (message.role === "tool") {
       toolResult(message);
+      return;
+    }
+    if (message.role === "user" && message.input_kind === "session_event") {
+      ui.messages.append(sessionEventCard(message));
       return;
     }
     const content = message.content || "";
