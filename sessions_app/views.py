@@ -60,7 +60,18 @@ def session_detail(request, session_id):
         "defaultTools": default_tool_names(),
         # Whose Session it is: memories recalled for it are the owner's, private to them.
         "owner": session.owner.get_username() if session.owner_id else "",
+        # A MainSession lists the sub-Sessions it handed tasks to (and follows their status).
+        "kind": session.kind,
     }
+    # A sub-Session links to the MainSession that handed it its task (same tenant, not archived).
+    parent = None
+    if session.parent_id is not None:
+        parent = (
+            Session.objects.for_tenant(membership.tenant)
+            .filter(pk=session.parent_id, archived_at__isnull=True)
+            .only("pk", "title")
+            .first()
+        )
     goals = [
         {
             "field": "session_goal",
@@ -80,7 +91,7 @@ def session_detail(request, session_id):
     return render(
         request,
         "workspace/session.html",
-        {"session": session, "boot": boot, "goals": goals},
+        {"session": session, "boot": boot, "parent": parent, "goals": goals},
     )
 
 

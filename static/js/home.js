@@ -48,6 +48,14 @@
           "span",
           { className: "session-title-line" },
           el("span", { className: "session-title", text: session.title || "Untitled session" }),
+          session.kind === "sub"
+            ? el("span", {
+                className: "badge sub-badge",
+                dataset: { testid: "sub-badge" },
+                attrs: { title: "A sub-Session: a MainSession handed it a task" },
+                text: "sub",
+              })
+            : null,
           needsApproval
             ? el("span", {
                 className: "needs-approval",

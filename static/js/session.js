@@ -67,6 +67,9 @@
     capabilitiesEmpty: $("capabilities-empty"),
     capabilityGroups: $("capability-groups"),
     capabilitiesCount: $("capabilities-count"),
+    children: $("children"),
+    childrenList: $("children-list"),
+    childrenCount: $("children-count"),
   };
   const USERNAME = ($("session-app") && $("session-app").dataset.username) || "";
 
@@ -126,12 +129,13 @@
   }
 
   /** Everything the page shows from the Session detail (a fresh read or a PATCH answer): header,
-   * goals, capabilities with their sources. */
+   * goals, capabilities with their sources, sub-Sessions. */
   function applySession(session) {
     if (!session) return;
     showHeader(session);
     if (Array.isArray(session.capability_sources)) applySources(session.capability_sources);
     if (session.capabilities) addCapabilities(session.capabilities);
+    if (Array.isArray(session.children)) showChildren(session.children);
   }
 
   function updateDocumentTitle() {
@@ -142,7 +146,7 @@
 
   let headerRefresh = null;
   let refreshAgain = false;
-  /** Re-read the Session detail (title, goals, capability sources): one read at a
+  /** Re-read the Session detail (title, goals, capability sources, sub-Sessions): one read at a
    * time, and one more after it when asked meanwhile, so the last change is never missed. The
    * status never comes from a re-read, only from events. */
   function refreshHeader() {
@@ -1447,6 +1451,70 @@
     }
   }
 
+  // --- sub-Sessions ---------------------------------------------------------------------------
+
+  /**
+   * The sub-Sessions this MainSession handed tasks to (`children` of the Session detail): read on
+   * load, again when a `session_delegate` call ends or a turn starts or ends; their status pills
+   * follow the tenant's status stream (`/ws/sessions/`) while the list is not empty.
+   */
+  const childRows = new Map(); // child id -> row element
+
+  function showChildren(children) {
+    if (!ui.children) return;
+    const rows = children.map((child) => {
+      const id = String(child.id);
+      const row = el(
+        "li",
+        { className: "child-row", dataset: { testid: "child-session", id, status: child.status } },
+        el("a", {
+          className: "child-link",
+          dataset: { testid: "child-link" },
+          attrs: { href: `/sessions/${encodeURIComponent(id)}/` },
+          text: child.title || "Untitled session",
+        }),
+        statusBadge(child.status)
+      );
+      return [id, row];
+    });
+    childRows.clear();
+    for (const [id, row] of rows) childRows.set(id, row);
+    ui.childrenList.replaceChildren(...rows.map(([, row]) => row));
+    ui.children.hidden = rows.length === 0;
+    ui.childrenCount.textContent = rows.length ? String(rows.length) : "";
+    if (rows.length) followChildren();
+  }
+
+  function childStatus(id, status) {
+    const row = childRows.get(String(id));
+    if (!row || !status) return;
+    row.dataset.status = status;
+    row.querySelector(".status-badge").replaceWith(statusBadge(status));
+  }
+
+  let childSocket = null;
+  function followChildren() {
+    if (childSocket || state.stopped) return;
+    const scheme = window.location.protocol === "https:" ? "wss:" : "ws:";
+    const socket = new WebSocket(`${scheme}//${window.location.host}/ws/sessions/`);
+    childSocket = socket;
+    socket.addEventListener("open", () => refreshHeader()); // what changed while it was away
+    socket.addEventListener("message", (message) => {
+      let frame = null;
+      try {
+        frame = JSON.parse(message.data);
+      } catch (exc) {
+        return;
+      }
+      if (frame && frame.type === "session.status" && frame.data) childStatus(frame.session, frame.data.status);
+    });
+    socket.addEventListener("close", (event) => {
+      childSocket = null;
+      if (event.code === 4401 || state.stopped) return; // logged out or removed from the tenant
+      window.setTimeout(followChildren, 3000);
+    });
+  }
+
   // --- plan -----------------------------------------------------------------------------------
 
   const TASK_ICONS = { pending: "○", in_progress: "◔", done: "✓", skipped: "–" };
@@ -2007,6 +2075,8 @@
         if (turn === undefined) return; // before the backlog's first turn: shown from the messages
         if (event.type === "tool.started") toolStarted(data, turn);
         else toolEnded(data, turn);
+        // A delegation made (or reused) a sub-Session: the list of children changed.
+        if (live && event.type === "tool.ended" && data.tool === "session_delegate") refreshHeader();
         return;
       }
       case "compaction.committed":

@@ -207,13 +207,42 @@ class TestMemoriesPage:
 
 
 class TestSessionPage:
-    """The Session page's frame: the goals panel."""
+    """The Session page's frame: the goals panel, and the link from a sub-Session to its parent."""
 
     @pytest.fixture
     def main_a(self, tenant_a, owner_a):
         from sessions_app.runtime import engine
 
         return engine.create_session(tenant=tenant_a, owner=owner_a, title="Coordinator <b>")
+
+    @pytest.fixture
+    def sub_a(self, tenant_a, owner_a, main_a):
+        from sessions_app.runtime import engine
+
+        return engine.create_session(tenant=tenant_a, owner=owner_a, title="Child", kind="sub", parent=main_a)
+
+    def test_a_sub_session_links_its_parent(self, owner_a, main_a, sub_a):
+        response = logged_in(owner_a).get(f"/sessions/{sub_a.pk}/")
+
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert f'href="/sessions/{main_a.pk}/" data-testid="parent-link">Coordinator &lt;b&gt;</a>' in html
+        assert response.context["boot"]["kind"] == "sub"
+
+    def test_a_main_session_has_no_parent_line(self, owner_a, main_a):
+        html = logged_in(owner_a).get(f"/sessions/{main_a.pk}/").content.decode()
+
+        assert 'data-testid="session-parent"' not in html
+
+    def test_an_archived_parent_is_named_but_not_linked(self, owner_a, main_a, sub_a):
+        from django.utils import timezone
+
+        type(main_a).objects.filter(pk=main_a.pk).update(archived_at=timezone.now())
+
+        html = logged_in(owner_a).get(f"/sessions/{sub_a.pk}/").content.decode()
+
+        assert "of a Session that was archived" in html
+        assert f"/sessions/{main_a.pk}/" not in html
 
     def test_the_goals_panel_shows_both_goals_each_with_its_editor(self, owner_a, main_a):
         type(main_a).objects.filter(pk=main_a.pk).update(session_goal="Ship the guide", phase_goal="")
