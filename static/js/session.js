@@ -99,6 +99,7 @@
     sources: new Map(), // "kind\0name" -> {by, at, servers}: who attached it (session detail's capability_sources)
     skillDescriptions: null, // skill name -> description, read once from /api/v1/skills/
     goalsSeen: null, // the goals as the applied log last said them (to tell what an edit changed)
+    understoodSeq: null, // seq of the last `task.understood` applied: where a turn's orchestration began
     title: "",
   };
 
@@ -868,6 +869,11 @@
     return note;
   }
 
+  /** What was attached, as one comparable string (an orchestration note finds its own by it). */
+  function capabilitiesKey(data) {
+    return ["skills", "toolsets", "tools"].map((key) => [...names(data && data[key])].sort().join(",")).join("|");
+  }
+
   /** `capabilities.added`: "Loaded skill research-guide" where it happened in the conversation. */
   function capabilitiesNote(seq, data, live) {
     const parts = capabilityParts(data);
@@ -883,7 +889,7 @@
         "li",
         {
           className: "turn-note event-note capabilities-note",
-          dataset: { testid: "capabilities-note", skills: names(data.skills).join(" ") },
+          dataset: { testid: "capabilities-note", skills: names(data.skills).join(" "), added: capabilitiesKey(data) },
           attrs: { role: "status" },
         },
         el("span", { className: "turn-note-icon", attrs: { "aria-hidden": "true" }, text: "+" }),
@@ -985,6 +991,7 @@
 
   /** `task.understood`: how the outer loop read the message, at the turn it starts. */
   function taskUnderstoodNote(seq, data, live) {
+    state.understoodSeq = seq;
     const relation = String(data.task_relation || "");
     rememberGoals(data);
     eventNote(seq, data, live, () => {
@@ -996,10 +1003,18 @@
   }
 
   /** `orchestration.finished`: what it added (or that it found nothing), and what it refused.
-   * The `capabilities.added` just before it says the same, so its note gives way to this one. */
+   * The `capabilities.added` of the same commit (before it, perhaps with `memory.recalled` in
+   * between) says the same, so its note gives way to this one. */
   function orchestrationNote(seq, data, live) {
-    const previous = state.eventNotes.get(seq - 1);
-    if (previous && previous.dataset.testid === "capabilities-note") previous.remove();
+    const key = capabilitiesKey(data.added);
+    const since = state.understoodSeq !== null && state.understoodSeq < seq ? state.understoodSeq : seq - 4;
+    for (let at = seq - 1; at > since; at -= 1) {
+      const earlier = state.eventNotes.get(at);
+      if (earlier && earlier.dataset.testid === "capabilities-note" && earlier.dataset.added === key) {
+        earlier.remove();
+        break;
+      }
+    }
     eventNote(seq, data, live, () => {
       const mode = data.mode ? ` (${data.mode})` : "";
       const added = [];

@@ -34,9 +34,13 @@ CHILD_ANSWER = "guide.md is written."
 DELEGATED = "A sub-Session works on the guide."
 AFTER_EVENT = "The sub-Session delivered guide.md."
 UNDERSTANDING_DELAY_S = 1.0  # long enough for the page to show `preparing`
+# Recalled by orchestration's memory terms only (no word of the task's text matches it).
+MEMORY = "Dana keeps the nodepack mirror."
 
 SETUP = """
+from django.contrib.auth import get_user_model
 from sessions_app.models import ModelConfig
+from sessions_app.runtime import memory
 from skills_app.models import Skill
 from tenancy_app.models import Tenant
 
@@ -46,6 +50,8 @@ ModelConfig.objects.update_or_create(
     defaults=dict(base_url="{base_url}", model="scripted-model", is_default=True, configured_by_operator=True),
 )
 assert Skill.objects.filter(tenant=tenant, name="research-guide").exists()  # seed_demo imports it
+demo = get_user_model().objects.get(username="demo")
+memory.save(tenant_id=tenant.pk, user_id=demo.pk, text={memory!r}, kind="entity")
 """
 
 
@@ -86,7 +92,7 @@ def task_relation(request):
         "task_relation": relation,
         "skill_recall_terms": terms,
         "tool_recall_terms": terms,
-        "memory_recall_terms": [],
+        "memory_recall_terms": ["nodepack"],
     }
     return json_reply(answer, delay_before_s=UNDERSTANDING_DELAY_S)
 
@@ -111,7 +117,7 @@ def model_server():
 def stack(tmp_path_factory, model_server):
     root = tmp_path_factory.mktemp("outer-loop-stack")
     with served_embedded(
-        root, ("seed_demo",), ("shell", "-c", SETUP.format(base_url=model_server.base_url))
+        root, ("seed_demo",), ("shell", "-c", SETUP.format(base_url=model_server.base_url, memory=MEMORY))
     ) as served:
         yield SimpleNamespace(**vars(served))
 
@@ -211,11 +217,14 @@ def test_a_sub_session_shows_understanding_and_orchestration(page, tmp_path):
 
     def in_place():
         items = timeline(page)
-        # The orchestration note says what `capabilities.added` said: one note, not two.
+        # The orchestration note says what `capabilities.added` said: one note, not two (even with
+        # the memories orchestration recalled logged between them).
         assert items.count("task-understood") == 1 and items.count("orchestration-note") == 1, items
         assert items.count("capabilities-note") == 1, items  # the default tool set, before any message
+        assert items.count("memory-recalled") == 1, items
         user, noted = items.index("message:user"), items.index("task-understood")
-        assert user < noted < items.index("orchestration-note") < items.index("message:assistant"), items
+        assert user < noted < items.index("memory-recalled") < items.index("orchestration-note"), items
+        assert items.index("orchestration-note") < items.index("message:assistant"), items
 
     in_place()
     page.screenshot(path=str(tmp_path / "sub-session-understood.png"), full_page=True)
