@@ -11,9 +11,9 @@ from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_safe
 
 from tenancy_app.access import SESSION_TENANT_KEY, resolve_membership
-from tools_app.registry import default_tool_names
+from tools_app.registry import DELEGATE_TOOL, default_tool_names
 
-from .choices import MemoryKind
+from .choices import MemoryKind, SessionKind
 from .models import Session
 
 # How many logged events before the page's snapshot the activity log shows on open.
@@ -56,8 +56,12 @@ def session_detail(request, session_id):
         "status": session.status,
         "api": f"/api/v1/sessions/{session.pk}/",
         "ws": f"/ws/sessions/{session.pk}/",
-        # The session API lists every tool the Session has; the card shows only the extra ones.
-        "defaultTools": default_tool_names(),
+        # The session API lists every tool the Session has; the card shows only the extra ones
+        # (a MainSession's coordinator tool comes with its kind: not an extra either).
+        "defaultTools": [
+            *default_tool_names(),
+            *([DELEGATE_TOOL] if session.kind == SessionKind.MAIN else []),
+        ],
         # Whose Session it is: memories recalled for it are the owner's, private to them.
         "owner": session.owner.get_username() if session.owner_id else "",
         # A MainSession lists the sub-Sessions it handed tasks to (and follows their status).

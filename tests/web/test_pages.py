@@ -228,11 +228,13 @@ class TestSessionPage:
         html = response.content.decode()
         assert f'href="/sessions/{main_a.pk}/" data-testid="parent-link">Coordinator &lt;b&gt;</a>' in html
         assert response.context["boot"]["kind"] == "sub"
+        assert "session_delegate" not in response.context["boot"]["defaultTools"]
 
-    def test_a_main_session_has_no_parent_line(self, owner_a, main_a):
-        html = logged_in(owner_a).get(f"/sessions/{main_a.pk}/").content.decode()
+    def test_a_main_session_has_no_parent_line_and_its_coordinator_tool_is_no_extra(self, owner_a, main_a):
+        response = logged_in(owner_a).get(f"/sessions/{main_a.pk}/")
 
-        assert 'data-testid="session-parent"' not in html
+        assert 'data-testid="session-parent"' not in response.content.decode()
+        assert "session_delegate" in response.context["boot"]["defaultTools"]
 
     def test_an_archived_parent_is_named_but_not_linked(self, owner_a, main_a, sub_a):
         from django.utils import timezone
