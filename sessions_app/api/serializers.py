@@ -281,6 +281,9 @@ class MessageSerializer(serializers.ModelSerializer):
     author = serializers.CharField(
         source="input.created_by.username", default=None, read_only=True, allow_null=True
     )
+    # The MainSession that handed this message's task over (`session_delegate`), else null: its
+    # author is the owner, but nobody typed it here.
+    delegated_by = serializers.SerializerMethodField()
 
     class Meta:
         model = Message
@@ -289,6 +292,7 @@ class MessageSerializer(serializers.ModelSerializer):
             "role",
             "input_kind",
             "author",
+            "delegated_by",
             "content",
             "tool_calls",
             "tool_call_id",
@@ -297,6 +301,12 @@ class MessageSerializer(serializers.ModelSerializer):
             "turn",
             "created_at",
         ]
+
+    def get_delegated_by(self, obj) -> str | None:
+        if obj.input_id is None:
+            return None
+        delegated = (obj.input.payload or {}).get("delegated_by")
+        return str(delegated) if delegated else None
 
 
 class EventSerializer(serializers.ModelSerializer):

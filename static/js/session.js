@@ -450,9 +450,21 @@
   function authorLabel(message) {
     if (message.role === "assistant") return "Agent";
     if (message.role !== "user") return message.role;
-    // Nobody typed it: the MainSession handed this task over (session_delegate).
-    if (!message.author && boot.kind === "sub" && message.input_kind === "message") return "Handed over by the MainSession";
     return message.author && message.author !== USERNAME ? message.author : "You";
+  }
+
+  /** Who a message is from, as shown above it: a task the MainSession handed over (its author is
+   * the owner, but nobody typed it here) says so and links back. */
+  function authorElement(message) {
+    if (message.role === "user" && message.delegated_by) {
+      return el(
+        "span",
+        { className: "message-author", dataset: { testid: "handed-over" } },
+        "Handed over by ",
+        el("a", { attrs: { href: `/sessions/${encodeURIComponent(message.delegated_by)}/` }, text: "the MainSession" })
+      );
+    }
+    return el("span", { className: "message-author", text: authorLabel(message) });
   }
 
   function messageShell(message, extraClass) {
@@ -465,7 +477,7 @@
       el(
         "div",
         { className: "message-meta" },
-        el("span", { className: "message-author", text: authorLabel(message) }),
+        authorElement(message),
         extraClass === "guidance" ? el("span", { className: "badge", text: "guidance" }) : null,
         timeElement(message.created_at, { clock: true })
       )
@@ -589,6 +601,8 @@
     let extra = "";
     if (message.role === "user" && message.input_kind === "guidance") {
       extra = "guidance";
+    } else if (message.role === "user" && message.delegated_by) {
+      extra = "delegated";
     }
     const item = messageShell(message, extra);
     if (content) item.append(el("div", { className: "message-body" }, richText(content)));

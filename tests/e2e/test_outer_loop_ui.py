@@ -377,9 +377,9 @@ def test_a_main_session_lists_its_sub_session_and_shows_the_result_as_a_notice(p
     expect(page).to_have_url(re.compile(rf"/sessions/{child_id}/$"))
     expect(page.get_by_test_id("live-indicator")).to_have_attribute("data-state", "live")
     expect(page.get_by_test_id("session-parent")).to_contain_text("sub-Session of Coordinator")
-    expect(page.locator("[data-testid=message][data-role=user] .message-author")).to_have_text(
-        ["Handed over by the MainSession"]
-    )
+    handed_over = page.locator("[data-testid=message][data-role=user]").get_by_test_id("handed-over")
+    expect(handed_over).to_have_text(["Handed over by the MainSession"])
+    expect(handed_over.get_by_role("link")).to_have_attribute("href", f"/sessions/{main['id']}/")
     expect(page.get_by_test_id("task-understood")).to_have_count(1)
     page.get_by_test_id("parent-link").click()
     expect(page).to_have_url(re.compile(rf"/sessions/{main['id']}/$"))

@@ -245,3 +245,19 @@ def test_goals_and_texts_must_be_strings(main, api_owner_a):
     sent = api_owner_a.post(f"{url}inputs/", {"text": 123}, format="json")
     assert sent.status_code == 400
     assert not Input.objects.filter(session=main).exists()
+
+
+def test_a_handed_over_message_names_the_main_session_that_sent_it(main, model_server, api_owner_a):
+    model_server.script("task_relation", relation("new_task"), relation("continue_current"))
+    model_server.script("agent", text_reply("on it"), text_reply("noted"))
+    handed = engine.delegate(main.pk, request=REQUEST)
+    child = Session.objects.get(pk=handed["session_id"])
+    drive_until_idle(child)
+    api_owner_a.post(f"/api/v1/sessions/{child.pk}/inputs/", {"text": "Also cover workflows."}, format="json")
+    drive_until_idle(child)
+
+    rows = api_owner_a.get(f"/api/v1/sessions/{child.pk}/messages/").json()["results"]
+
+    users = [(m["content"], m["author"], m["delegated_by"]) for m in rows if m["role"] == "user"]
+    assert users == [(REQUEST, "owner_a", str(main.pk)), ("Also cover workflows.", "owner_a", None)]
+    assert {m["delegated_by"] for m in rows if m["role"] != "user"} == {None}
