@@ -144,10 +144,10 @@ both from its next step on; the Session's timeline notes the edit.</p>
 
 class GoalsForm(forms.Form):
     session_goal = forms.CharField(
-        required=False, max_length=MAX_GOAL_CHARS, strip=False, widget=forms.Textarea(attrs={"rows": 3})
+        required=False, max_length=MAX_GOAL_CHARS, widget=forms.Textarea(attrs={"rows": 3})
     )
     phase_goal = forms.CharField(
-        required=False, max_length=MAX_GOAL_CHARS, strip=False, widget=forms.Textarea(attrs={"rows": 3})
+        required=False, max_length=MAX_GOAL_CHARS, widget=forms.Textarea(attrs={"rows": 3})
     )
 
 

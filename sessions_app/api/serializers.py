@@ -210,8 +210,8 @@ class SessionDetailSerializer(SessionSerializer):
 
 class SessionUpdateSerializer(serializers.Serializer):
     title = StringField(max_length=200, allow_blank=True)
-    session_goal = StringField(max_length=10000, allow_blank=True, trim_whitespace=False)
-    phase_goal = StringField(max_length=10000, allow_blank=True, trim_whitespace=False)
+    session_goal = StringField(max_length=10000, allow_blank=True)
+    phase_goal = StringField(max_length=10000, allow_blank=True)
 
 
 class InputCreateSerializer(serializers.Serializer):
@@ -482,7 +482,7 @@ class DeliverySerializer(serializers.ModelSerializer):
 class GoalRunCreateSerializer(serializers.Serializer):
     """`POST …/goal-run/`: the goal and the run's limits (checked between rounds)."""
 
-    goal = serializers.CharField(max_length=10_000, trim_whitespace=False)
+    goal = StringField(max_length=10_000)
     max_rounds = serializers.IntegerField(min_value=1, max_value=GoalRun.MAX_ROUNDS, default=3)
     token_budget = serializers.IntegerField(
         min_value=1,

@@ -243,7 +243,7 @@ def _decide(session: Session, run: GoalRun, turn: Turn | None, *, resumed: bool 
     used = max(0, session_tokens(session.pk) - run.tokens_at_start)
     elapsed = now - run.started_at
     ended = run.rounds_done
-    facts = _open_facts(session, turn)
+    facts = _open_facts(session, turn, run.started_at)
     if session.archived_at is not None:
         decision, reason = GoalDecision.STOP, "the Session was archived"
     elif turn is not None and turn.reason != TurnReason.COMPLETED and not resumed:
@@ -306,14 +306,17 @@ def _record(
     )
 
 
-def _open_facts(session: Session, turn: Turn | None) -> dict:
+def _open_facts(session: Session, turn: Turn | None, run_started) -> dict:
     """What the product's own records still show open after `turn`: its delivery record's
     unresolved failures and failed checks, and the plan's tasks not done or skipped."""
     delivery = Delivery.objects.filter(turn_id=turn.pk).first() if turn is not None else None
     failures = list(delivery.unresolved_failures) if delivery else []
     failed_checks = [check for check in (delivery.checks if delivery else []) if not check.get("ok")]
+    # A plan nobody touched since the run started belongs to an earlier task, not to this run.
     tasks = list(
-        PlanTask.objects.filter(plan__session_id=session.pk, status__in=OPEN_TASK_STATUSES)
+        PlanTask.objects.filter(
+            plan__session_id=session.pk, plan__updated_at__gte=run_started, status__in=OPEN_TASK_STATUSES
+        )
         .order_by("position")
         .values("task_id", "title", "status")
     )
@@ -344,7 +347,14 @@ def _queue_round(
     created = engine.queue_input(
         session,
         kind=InputKind.MESSAGE,
-        payload={"text": _round_text(run, number, facts), "goal_run_id": run.pk, "round": number},
+        # `goal`: what task understanding reads of round 1 in a sub-Session (the person's goal, not
+        # the framing around it); later rounds continue the task and skip it.
+        payload={
+            "text": _round_text(run, number, facts),
+            "goal_run_id": run.pk,
+            "round": number,
+            "goal": run.goal,
+        },
         user=user,
     )
     run.round_input = created

@@ -34,6 +34,10 @@ from .llm.tokens import context_budget, estimate_message_tokens, estimate_text_t
 logger = logging.getLogger(__name__)
 
 UNCHANGED = "the goals and capabilities are unchanged and the turn runs anyway"
+# Orchestration fails after task understanding has set the goals.
+CAPABILITIES_UNCHANGED = (
+    "the capabilities are unchanged (the goals task understanding set stand) and the turn runs anyway"
+)
 
 
 @dataclass
@@ -59,7 +63,8 @@ def prepare_turn(agent, turn_id: int) -> None:
         .values_list("payload", flat=True)
         .first()
     ) or {}
-    text = str(payload.get("text", ""))
+    # A goal run's first round is understood from the person's goal, not its framing.
+    text = str(payload.get("goal") or payload.get("text", ""))
     agent.watch_interrupts()
     try:
         _prepare(agent, session, turn_id, model, text, payload.get("attachments") or [])
@@ -87,7 +92,7 @@ def _prepare(agent, session, turn_id, model: EffectiveModel, text: str, resource
         invalid=understanding.UnderstandingInvalid,
     )
     if asked.answer is None:
-        _failed(agent, turn_id, asked, "task_relation_failed", "task understanding")
+        _failed(agent, turn_id, asked, "task_relation_failed", "task understanding", UNCHANGED)
         return
     understood = asked.answer
     step = understanding.transition(
@@ -132,7 +137,7 @@ def _orchestrate(agent, session, turn_id, model: EffectiveModel, text, understoo
             result=None,
             error="",
             code="orchestration_failed",
-            message=f"orchestration failed: recall broke ({exc.__class__.__name__}); {UNCHANGED}",
+            message=f"orchestration failed: recall broke ({exc.__class__.__name__}); {CAPABILITIES_UNCHANGED}",
         )
         return
     chosen = {"skills": [], "toolsets": [], "tools": []}
@@ -162,7 +167,7 @@ def _orchestrate(agent, session, turn_id, model: EffectiveModel, text, understoo
             invalid=orchestrator.SelectionInvalid,
         )
         if asked.answer is None:
-            _failed(agent, turn_id, asked, "orchestration_failed", "orchestration")
+            _failed(agent, turn_id, asked, "orchestration_failed", "orchestration", CAPABILITIES_UNCHANGED)
             return
         chosen = asked.answer.as_dict()
     # Loaded Skills' instructions share a bounded part of the context (as with skills_load).
@@ -225,7 +230,7 @@ def _ask(agent, turn_id, *, purpose, model, instructions, payload, messages, ask
     return asked
 
 
-def _failed(agent, turn_id: int, asked: _Asked, code: str, what: str) -> None:
+def _failed(agent, turn_id: int, asked: _Asked, code: str, what: str, unchanged: str) -> None:
     engine.preparation_failed(
         agent.session_id,
         agent.token,
@@ -234,5 +239,5 @@ def _failed(agent, turn_id: int, asked: _Asked, code: str, what: str) -> None:
         result=asked.result,
         error=asked.error,
         code=code,
-        message=f"{what} failed: {asked.error}; {UNCHANGED}",
+        message=f"{what} failed: {asked.error}; {unchanged}",
     )

@@ -158,8 +158,8 @@ def transition(relation: str, *, text: str, phase_goal: str, session_goal: str) 
     anything else keeps the goals and skips orchestration. The session goal is set only when it
     has none (afterwards only a person changes it)."""
     goal = text.strip()[:MAX_GOAL_CHARS]
-    first = None if session_goal else goal
-    if not phase_goal or relation == "new_task":
+    first = None if session_goal.strip() else goal
+    if not phase_goal.strip() or relation == "new_task":
         return Transition(goal, first, INITIALIZE)
     if relation == "change_within_session":
         return Transition(goal, first, RECONCILE)

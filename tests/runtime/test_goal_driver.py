@@ -16,7 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals_app.models import ApprovalPolicy, ApprovalRule, PendingApproval
-from sessions_app.models import GoalRun, Input, Session, SessionEvent, Turn
+from sessions_app.models import GoalRun, Input, PlanTask, Session, SessionEvent, Turn
 from sessions_app.runtime import brain, engine, goal_driver
 from tests.api.test_schema import assert_matches
 from tests.support.model_server import text_reply, tool_call, tool_reply
@@ -459,7 +459,12 @@ def test_a_person_starts_reads_and_stops_a_run_through_the_api(session, api_owne
     assert run.created_by == owner_a
     round_1 = Input.objects.get(pk=run.round_input_id)
     assert round_1.kind == "message" and round_1.created_by == owner_a
-    assert round_1.payload == {"text": round_1.payload["text"], "goal_run_id": run.pk, "round": 1}
+    assert round_1.payload == {
+        "text": round_1.payload["text"],
+        "goal_run_id": run.pk,
+        "round": 1,
+        "goal": GOAL,
+    }
     assert _events(session, "goal.started") == [
         {
             "goal_run_id": run.pk,
@@ -625,3 +630,56 @@ def test_the_admin_shows_a_tenants_goal_runs_read_only(session, run_of_a, owner_
     page = client.post(f"/admin/sessions_app/goalrun/{run_of_a.pk}/change/", {"status": "done"})
     assert page.status_code == 403
     assert GoalRun.objects.get(pk=run_of_a.pk).status == "active"
+
+
+# --- with the outer loop ----------------------------------------------------------------------------
+
+
+def test_a_goal_run_in_a_sub_session_is_understood_from_the_goal_once(
+    tenant_a, owner_a, model_config_a, model_server
+):
+    import json as json_module
+
+    from tests.support.model_server import json_reply
+
+    main = new_session(tenant_a, owner_a, title="coordinator")
+    sub = new_session(tenant_a, owner_a, title="sub", kind="sub", parent=main)
+    model_server.script(
+        "task_relation",
+        json_reply(
+            {
+                "task_relation": "new_task",
+                "skill_recall_terms": [],
+                "tool_recall_terms": [],
+                "memory_recall_terms": [],
+            }
+        ),
+    )
+    model_server.script("agent", PLAN, text_reply("Drafted."), text_reply("Still drafting."))
+    _start(sub, owner_a, max_rounds=2)
+    drive_until_idle(sub)
+    # Round 1 was understood from the person's goal; round 2 continued without a second call.
+    (understanding,) = model_server.requests_for("task_relation")
+    assert json_module.loads(understanding.messages[1]["content"])["message"] == GOAL
+    sub.refresh_from_db()
+    assert (sub.session_goal, sub.phase_goal) == (GOAL, GOAL)
+    assert [d for _, d, _ in _decisions(sub)] == ["continue", "stop"]
+
+
+def test_a_plan_left_from_an_earlier_task_does_not_keep_a_run_from_being_done(session, owner_a, model_server):
+    model_server.script("agent", PLAN, text_reply("planned, not done"))
+    engine.enqueue_input(session.pk, kind="message", payload={"text": "an earlier task"})
+    drive_until_idle(session)
+    assert PlanTask.objects.filter(plan__session=session, status="pending").count() == 2
+    model_server.script("agent", text_reply("All written."))
+    run = _start(session, owner_a)
+    drive_until_idle(session)
+    run.refresh_from_db()
+    assert (run.status, run.rounds_done) == ("done", 1)
+
+
+def test_a_goal_must_be_a_string(session, api_owner_a):
+    for goal in (123, 1.5, True):
+        response = api_owner_a.post(_url(session), {"goal": goal}, format="json")
+        assert_error_shape(response, 400, "validation_error")
+    assert not GoalRun.objects.exists()

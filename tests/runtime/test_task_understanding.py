@@ -485,3 +485,33 @@ def test_a_sub_session_never_gets_the_delegate_tool(
     assert "session_delegate" not in detail["capabilities"]["tools"]
     parent = api_owner_a.get(f"/api/v1/sessions/{sub_session.parent_id}/").json()
     assert "session_delegate" in parent["capabilities"]["tools"]
+
+
+def test_a_goal_of_only_spaces_is_no_goal(sub_session, model_server, api_owner_a):
+    answer = api_owner_a.patch(
+        f"/api/v1/sessions/{sub_session.pk}/", {"session_goal": "   ", "phase_goal": " \n "}, format="json"
+    )
+    assert answer.status_code == 200 and (answer.json()["session_goal"], answer.json()["phase_goal"]) == (
+        "",
+        "",
+    )
+    model_server.script("task_relation", relation("continue_current"))
+    model_server.script("agent", text_reply("done"))
+    send(sub_session, S6[0])
+    drive_until_idle(sub_session)
+    # No phase goal yet: the message is the first task, whatever the relation said.
+    assert (sub_session.session_goal, sub_session.phase_goal) == (S6[0], S6[0])
+
+
+def test_an_orchestration_failure_says_the_goals_stand(sub_session, catalog, model_server):
+    model_server.script("task_relation", relation("new_task", skills=["research"]))
+    model_server.script("orchestrate", text_reply("no idea"))
+    model_server.script("agent", text_reply("done"))
+    send(sub_session, S6[0])
+    drive_until_idle(sub_session)
+    (error,) = _events(sub_session, "error")
+    assert (
+        "capabilities are unchanged" in error["message"]
+        and "goals task understanding set stand" in error["message"]
+    )
+    assert sub_session.phase_goal == S6[0]

@@ -33,11 +33,14 @@ def set_goals(
 ):
     """`update_goals` for a caller that holds the Session's lock already (e.g. a goal run started
     by a person: its goal is theirs). None leaves a goal as it is."""
+    # Surrounding whitespace means nothing in a goal; a goal of only spaces is no goal.
+    session_goal = session_goal.strip()[:MAX_GOAL_CHARS] if session_goal is not None else None
+    phase_goal = phase_goal.strip()[:MAX_GOAL_CHARS] if phase_goal is not None else None
     changed = {}
     if session_goal is not None and session_goal != session.session_goal:
-        changed["session_goal"] = session_goal[:MAX_GOAL_CHARS]
+        changed["session_goal"] = session_goal
     if phase_goal is not None and phase_goal != session.phase_goal:
-        changed["phase_goal"] = phase_goal[:MAX_GOAL_CHARS]
+        changed["phase_goal"] = phase_goal
     if changed:
         for name, value in changed.items():
             setattr(session, name, value)
@@ -70,7 +73,7 @@ def apply_understanding(
         changed = {}
         if phase_goal is not None:
             changed["phase_goal"] = phase_goal
-        if session_goal is not None and not session.session_goal:
+        if session_goal is not None and not session.session_goal.strip():
             changed["session_goal"] = session_goal
         if changed:
             for name, value in changed.items():

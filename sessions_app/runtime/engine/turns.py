@@ -91,11 +91,14 @@ def start_turn(session_id, token, input: Input) -> Turn:
 def needs_understanding(session: Session, input: Input) -> bool:
     """Whether a turn starts with the outer loop's task understanding (ARCHITECTURE §2): in a
     sub-Session, for a message with text. A MainSession coordinates and skips it, as do guidance,
-    system notices (session events), approval decisions and attachment-only inputs."""
+    system notices (session events), approval decisions, attachment-only inputs and the later
+    rounds of a goal run (the product's own continuation of a task already understood)."""
+    payload = input.payload or {}
     return (
         session.kind == SessionKind.SUB
         and input.kind == InputKind.MESSAGE
-        and bool(str(input.payload.get("text", "")).strip())
+        and bool(str(payload.get("text", "")).strip())
+        and not (payload.get("goal_run_id") and int(payload.get("round") or 1) > 1)
     )
 
 
