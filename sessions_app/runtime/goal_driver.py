@@ -180,8 +180,15 @@ def stop(session_id, user=None) -> GoalRun:
             return run
         if run.status == GoalRunStatus.DONE:
             raise GoalRunError("goal_run_finished", "This goal run is done; start a new one.")
-        _withdraw_queued_round(run)
-        _record(session, run, GoalDecision.STOP, f"stopped by {_name(user) or 'a person'}", run.rounds_done)
+        withdrawn = _withdraw_queued_round(run)
+        _record(
+            session,
+            run,
+            GoalDecision.STOP,
+            f"stopped by {_name(user) or 'a person'}",
+            run.rounds_done,
+            withdrawn=withdrawn,
+        )
     return run
 
 
@@ -282,6 +289,7 @@ def _record(
     *,
     used: int | None = None,
     now: datetime | None = None,
+    withdrawn: int | None = None,
 ) -> None:
     now = now or timezone.now()
     run.tokens_used = max(0, session_tokens(session.pk) - run.tokens_at_start) if used is None else used
@@ -302,6 +310,7 @@ def _record(
             "reason": reason,
             "tokens_used": run.tokens_used,
             "elapsed_seconds": elapsed_seconds(run, now),
+            **({"withdrawn_input_id": withdrawn} if withdrawn else {}),
         },
     )
 
