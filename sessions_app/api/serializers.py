@@ -273,6 +273,11 @@ class InputAcceptedSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=InputStatus.choices)
 
 
+class GoalRoundSerializer(serializers.Serializer):
+    goal_run_id = serializers.IntegerField()
+    round = serializers.IntegerField(help_text="1-based; the text names the run's round limit")
+
+
 class MessageSerializer(serializers.ModelSerializer):
     # Which input a user message came from ("message" or "guidance", null otherwise): guidance is
     # stored as written and framed only for the model, so clients label it from this.
@@ -284,6 +289,9 @@ class MessageSerializer(serializers.ModelSerializer):
     # The MainSession that handed this message's task over (`session_delegate`), else null: its
     # author is the owner, but nobody typed it here.
     delegated_by = serializers.SerializerMethodField()
+    # The goal run and round a user message is (the driver queued it for the run's starter, who is
+    # its author but did not type it), else null.
+    goal_round = serializers.SerializerMethodField()
 
     class Meta:
         model = Message
@@ -293,6 +301,7 @@ class MessageSerializer(serializers.ModelSerializer):
             "input_kind",
             "author",
             "delegated_by",
+            "goal_round",
             "content",
             "tool_calls",
             "tool_call_id",
@@ -307,6 +316,15 @@ class MessageSerializer(serializers.ModelSerializer):
             return None
         delegated = (obj.input.payload or {}).get("delegated_by")
         return str(delegated) if delegated else None
+
+    @extend_schema_field(GoalRoundSerializer(allow_null=True))
+    def get_goal_round(self, obj) -> dict | None:
+        if obj.input_id is None:
+            return None
+        payload = obj.input.payload or {}
+        if payload.get("goal_run_id") is None:
+            return None
+        return {"goal_run_id": payload["goal_run_id"], "round": payload.get("round")}
 
 
 class EventSerializer(serializers.ModelSerializer):

@@ -411,6 +411,32 @@ def test_every_round_is_the_request_of_the_person_who_started_the_run(
     assert GoalRun.objects.get(pk=run.pk).created_by == member_a
 
 
+def test_the_messages_api_names_the_run_and_round_of_a_round_message(
+    session, member_a, api_owner_a, model_server, schema
+):
+    model_server.script("agent", PLAN, text_reply("One."), text_reply("Two."))
+    run = _start(session, member_a, max_rounds=2)
+    drive_until_idle(session)
+    api_owner_a.post(f"/api/v1/sessions/{session.pk}/inputs/", {"text": "Thanks."}, format="json")
+    model_server.script("agent", text_reply("You are welcome."))
+    drive_until_idle(session)
+
+    page = api_owner_a.get(f"/api/v1/sessions/{session.pk}/messages/").json()
+
+    users = [
+        (m["author"], m["goal_round"], m["content"].split("\n")[0])
+        for m in page["results"]
+        if m["role"] == "user"
+    ]
+    assert users == [
+        ("member_a", {"goal_run_id": run.pk, "round": 1}, "Goal run, round 1 of 2."),
+        ("member_a", {"goal_run_id": run.pk, "round": 2}, "Goal run, round 2 of 2."),
+        ("owner_a", None, "Thanks."),
+    ]
+    assert {m["goal_round"] for m in page["results"] if m["role"] != "user"} == {None}
+    assert_matches(schema, "/api/v1/sessions/{id}/messages/", "get", 200, page)
+
+
 def test_a_paused_run_is_not_woken_by_the_sweep(session, owner_a, model_server):
     run = _start(session, owner_a)
     brain.acquire(session.pk)
