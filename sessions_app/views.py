@@ -13,6 +13,7 @@ from django.views.decorators.http import require_safe
 from tenancy_app.access import SESSION_TENANT_KEY, resolve_membership
 from tools_app.registry import DELEGATE_TOOL, default_tool_names
 
+from .api.serializers import GoalRunCreateSerializer
 from .choices import MemoryKind, SessionKind
 from .models import Session
 
@@ -95,8 +96,55 @@ def session_detail(request, session_id):
     return render(
         request,
         "workspace/session.html",
-        {"session": session, "boot": boot, "parent": parent, "goals": goals},
+        {
+            "session": session,
+            "boot": boot,
+            "parent": parent,
+            "goals": goals,
+            "goal_run_form": goal_run_form(),
+        },
     )
+
+
+def goal_run_form() -> list[dict]:
+    """The Goal run card's fields, with the defaults and limits of `POST …/goal-run/` (its
+    serializer owns them). The time budget is asked in hours:minutes; static/js converts it."""
+    fields = GoalRunCreateSerializer().fields
+    wall_clock = fields["wall_clock_seconds"]
+    return [
+        {
+            "name": "goal",
+            "label": "Goal",
+            "max": fields["goal"].max_length,
+            "help": "What should be true when the work is done. Each round sends it to the agent as a message.",
+        },
+        {
+            "name": "max_rounds",
+            "label": "Rounds",
+            "value": fields["max_rounds"].default,
+            "inputmode": "numeric",
+            "help": f"At most {fields['max_rounds'].max_value}. The run stops after this many, even with work open.",
+        },
+        {
+            "name": "token_budget",
+            "label": "Token budget",
+            "value": fields["token_budget"].default,
+            "inputmode": "numeric",
+            "help": "Prompt + completion tokens this Session may spend while the run is open.",
+        },
+        {
+            "name": "wall_clock",
+            "label": "Time budget",
+            "value": _hours_minutes(wall_clock.default),
+            "inputmode": "text",
+            "help": f"Hours:minutes (1:30) or minutes (90), at most {_hours_minutes(wall_clock.max_value)}."
+            " Paused time counts.",
+        },
+    ]
+
+
+def _hours_minutes(seconds: int) -> str:
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}"
 
 
 @login_required

@@ -16,10 +16,13 @@
  * A decision goes out as a WebSocket `decide` frame (REST POST when the socket is down); the
  * card turns decided on the `ack`, on the `approval.decided` event or on a re-read, whichever
  * comes first — all three say the same thing, so the order does not matter.
+ *
+ * Goal runs: the Goal run card (goal_run.js) reads `…/goal-run/` at start and again on every
+ * live `goal.*` and `turn.ended`.
  */
 (function () {
   "use strict";
-  const { api, apiAll, el, richText, statusLabel, statusBadge, timeElement, clockTime, newIdempotencyKey, formatBytes, filesPanel, ApiError } =
+  const { api, apiAll, el, richText, statusLabel, statusBadge, timeElement, clockTime, newIdempotencyKey, formatBytes, filesPanel, goalRun, ApiError } =
     window.xagent;
 
   const bootNode = document.getElementById("session-boot");
@@ -2162,6 +2165,13 @@
         endStream();
         fetchNewMessages().then(dropStaleStreams);
         refreshHeader();
+        if (goalCard) goalCard.refresh(); // tokens and time spent, the rounds done
+        break;
+      case "goal.started":
+      case "goal.decided":
+      case "goal.paused":
+      case "goal.resumed":
+        if (goalCard) goalCard.refresh();
         break;
       case "file.changed":
         if (files) files.fileChanged(data);
@@ -2367,6 +2377,11 @@
   const filesRoot = $("files-panel");
   const files = filesRoot && filesPanel ? filesPanel({ apiBase: boot.api, root: filesRoot, grid: $("session-grid") }) : null;
 
+  // --- goal run card --------------------------------------------------------------------------
+
+  const goalRoot = $("goal-run");
+  const goalCard = goalRoot && goalRun ? goalRun.card({ root: goalRoot, apiBase: boot.api }) : null;
+
   /** home.js created this Session but could not queue its goal: say so and offer it again. */
   function showFirstInputFailure() {
     let saved = null;
@@ -2401,7 +2416,7 @@
     }
     showFirstInputFailure();
     if (files) files.load();
-    await Promise.all([loadPendingApprovals(), loadDeliveries()]);
+    await Promise.all([loadPendingApprovals(), loadDeliveries(), goalCard ? goalCard.refresh() : null]);
     connect();
     window.setInterval(refreshApprovalTimes, APPROVAL_TIMES_REFRESH_MS);
   }

@@ -255,3 +255,16 @@ class TestSessionPage:
         assert ">Ship the guide</p>" in html and ">not set yet</p>" in html
         assert 'aria-label="Edit the session goal"' in html and 'aria-label="Edit the phase goal"' in html
         assert '<label for="phase-goal-input" class="visually-hidden">Phase goal</label>' in html
+
+    def test_the_goal_run_card_offers_the_form_with_the_apis_defaults(self, owner_a, main_a):
+        response = logged_in(owner_a).get(f"/sessions/{main_a.pk}/")
+
+        html = response.content.decode()
+        assert 'data-testid="goal-run"' in html and "Run as a goal…" in html
+        assert '<label for="goal-run-goal">Goal</label>' in html
+        assert 'maxlength="10000" required' in html
+        for field, value in (("max_rounds", "3"), ("token_budget", "200000"), ("wall_clock", "1:00")):
+            assert f'id="goal-run-{field}" name="{field}" type="text"' in html
+            assert f'value="{value}"' in html
+        assert "at most 24:00" in html and "At most 50." in html
+        assert html.index("js/goal_run.js") < html.index("js/session.js")
