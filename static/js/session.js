@@ -18,7 +18,9 @@
  * comes first — all three say the same thing, so the order does not matter.
  *
  * Goal runs: the Goal run card (goal_run.js) reads `…/goal-run/` at start and again on every
- * live `goal.*` and `turn.ended`.
+ * live `goal.*` and `turn.ended`; the timeline says what the driver did from the `goal.*` events
+ * (like every note, rebuilt from the log on a reload), and a round's message (`goal_round`) is
+ * shown as the driver's, not as a bubble the person typed.
  */
 (function () {
   "use strict";
@@ -103,6 +105,8 @@
     skillDescriptions: null, // skill name -> description, read once from /api/v1/skills/
     goalsSeen: null, // the goals as the applied log last said them (to tell what an edit changed)
     understoodSeq: null, // seq of the last `task.understood` applied: where a turn's orchestration began
+    goalRuns: new Map(), // goal run id -> its round limit, from `goal.started` (the card's run otherwise)
+    goalStarted: null, // {seq, goal} of the last `goal.started` applied: its `goals.updated` joins its note
     title: "",
   };
 
@@ -591,6 +595,74 @@
       });
   }
 
+  // A round's text, as the goal driver writes it (goal_driver._round_text).
+  const ROUND_HEAD = /^Goal run, round (\d+) of (\d+)\.\s*$/;
+  const ROUND_TAILS = ["\n\nWhat the product recorded after round ", "\n\nWork toward this goal."];
+
+  /**
+   * A round of a goal run: the driver queued it in the name of the person who started the run, so
+   * it is labelled "Goal run · round k of N", not shown as their bubble. It shows the goal and what
+   * the product still found open; the whole text the agent got unfolds.
+   */
+  function goalRoundCard(message) {
+    const text = String(message.content || "");
+    const lines = text.split("\n");
+    const head = ROUND_HEAD.exec(lines[0] || "");
+    const round = message.goal_round.round || (head ? Number(head[1]) : "?");
+    const limit = head ? Number(head[2]) : roundLimit(message.goal_round.goal_run_id);
+    const body = head ? lines.slice(1).join("\n").trim() : text;
+    let goal = null;
+    let facts = [];
+    let factsLead = "";
+    if (body.startsWith("Goal:\n")) {
+      const after = body.slice("Goal:\n".length);
+      const cut = Math.max(...ROUND_TAILS.map((tail) => after.lastIndexOf(tail)));
+      goal = cut >= 0 ? after.slice(0, cut) : after;
+      const tail = cut >= 0 ? after.slice(cut).trim().split("\n") : [];
+      if (tail.length && tail[0].startsWith("What the product recorded")) {
+        factsLead = tail[0];
+        facts = tail.slice(1).filter((line) => line.startsWith("- ")).map((line) => line.slice(2));
+      }
+    }
+    const who = message.author && message.author !== USERNAME ? `queued for ${message.author}` : "queued for you";
+    const parts = [
+      el(
+        "div",
+        { className: "message-meta" },
+        el("span", {
+          className: "goal-round-kicker",
+          dataset: { testid: "goal-round-label" },
+          text: `Goal run · round ${round}${limit ? ` of ${limit}` : ""}`,
+        }),
+        el("span", { className: "muted", text: `${who} by the goal driver` }),
+        timeElement(message.created_at, { clock: true })
+      ),
+    ];
+    if (goal !== null) parts.push(el("p", { className: "goal-round-goal" }, "Goal: ", quoted(goal)));
+    if (factsLead) {
+      parts.push(
+        el("p", { className: "goal-round-facts-lead", text: factsLead }),
+        el("ul", { className: "goal-round-facts", dataset: { testid: "goal-round-facts" } }, facts.map((fact) => el("li", { text: fact })))
+      );
+    }
+    parts.push(
+      el(
+        "details",
+        { className: "goal-round-text" },
+        el("summary", { text: goal === null ? "The text sent to the agent" : "The whole text sent to the agent" }),
+        el("div", { className: "goal-round-full" }, richText(text))
+      )
+    );
+    return el(
+      "li",
+      {
+        className: "message goal-round",
+        dataset: { testid: "message", role: message.role, kind: "goal_round", round, id: message.id, turn: message.turn },
+      },
+      el("div", { className: "goal-round-card", dataset: { testid: "goal-round" }, attrs: { role: "note", "aria-label": `Goal run, round ${round}` } }, parts)
+    );
+  }
+
   function renderMessage(message) {
     if (message.role === "tool") {
       toolResult(message);
@@ -598,6 +670,10 @@
     }
     if (message.role === "user" && message.input_kind === "session_event") {
       ui.messages.append(sessionEventCard(message));
+      return;
+    }
+    if (message.role === "user" && message.goal_round) {
+      ui.messages.append(goalRoundCard(message));
       return;
     }
     const content = message.content || "";
@@ -711,9 +787,9 @@
    * Notes and cards belong to a turn: each sits after the last message of its turn (or of an
    * earlier one), in the order it was made, however late the messages around it arrive.
    */
-  function addExtra(node, turn) {
+  function addExtra(node, turn, order) {
     node.dataset.turn = turn === null || turn === undefined ? "" : String(turn);
-    node.dataset.order = String((state.extraOrder += 1));
+    node.dataset.order = String(order !== undefined ? order : (state.extraOrder += 1));
     node.classList.add("timeline-extra");
     keepScrolled(() => {
       ui.messages.append(node);
@@ -872,6 +948,8 @@
     // committed before it in the applied log.
     const afterMessage = Number.isInteger(data.after_message_id) ? data.after_message_id : state.lastCommitted;
     let turn = pointTurn(data, live, afterMessage);
+    // Live, before any message is shown: the top of the conversation, where a reload puts it too.
+    if (turn === null && afterMessage === null && !ui.messages.querySelector(":scope > [data-testid=message]")) turn = -1;
     if (turn === undefined) {
       // The whole log was replayed and no message came before it: the top of the conversation.
       if (afterMessage === null && boot.backlogFrom === 0) turn = -1;
@@ -1108,6 +1186,7 @@
   function goalsUpdatedNote(seq, data, live) {
     const before = state.goalsSeen;
     rememberGoals(data);
+    if (goalSetByRun(seq, data, before)) return;
     eventNote(seq, data, live, () => {
       const changed = GOAL_FIELDS.filter((field) => typeof data[field] === "string" && (!before || before[field] !== data[field]));
       const lines = [el("p", { text: data.by ? `Goals edited by ${data.by === USERNAME ? "you" : data.by}` : "Goals edited" })];
@@ -1117,6 +1196,95 @@
       }
       return noteItem("goals-updated", "goals-note", "✎", { by: data.by || "" }, lines);
     });
+  }
+
+  // --- the goal driver in the timeline -----------------------------------------------------------
+
+  const { decisionText, formatTokens, formatDuration } = goalRun || {};
+  const DECISION_ICONS = { continue: "↻", done: "✓", stop: "■" };
+
+  const plural = (n, word) => `${n} ${word}${Number(n) === 1 ? "" : "s"}`;
+  const byWhom = (name) => (name ? ` by ${name === USERNAME ? "you" : name}` : "");
+
+  /** A run's round limit: from its `goal.started`, else from the run the card shows. */
+  function roundLimit(runId) {
+    const key = String(runId);
+    if (state.goalRuns.has(key)) return state.goalRuns.get(key);
+    const run = goalCard && goalCard.current();
+    return run && String(run.id) === key ? run.max_rounds : null;
+  }
+
+  /** `goal.started`: "Goal run started by alice: up to 3 rounds, 200 000 tokens, 1 h — “…”". */
+  function goalStartedNote(seq, data, live) {
+    state.goalRuns.set(String(data.goal_run_id), data.max_rounds);
+    state.goalStarted = { seq, goal: String(data.goal || "") };
+    eventNote(seq, data, live, () => {
+      const limits = `up to ${plural(data.max_rounds, "round")}, ${formatTokens(data.token_budget)} tokens, ${formatDuration(data.wall_clock_seconds)}`;
+      return noteItem(
+        "goal-started",
+        "goal-note",
+        "◎",
+        { goalRunId: data.goal_run_id },
+        el("p", {}, `Goal run started${byWhom(data.by)}: ${limits} — `, quoted(data.goal || ""))
+      );
+    });
+  }
+
+  /**
+   * Starting a run in a MainSession makes its goal the phase goal (and the session goal when there
+   * was none) in the same commit: the run's note says so instead of a "Goals edited" note of its
+   * own. Returns whether it did.
+   */
+  function goalSetByRun(seq, data, before) {
+    const started = state.goalStarted;
+    if (!started || started.seq !== seq - 1 || data.phase_goal !== started.goal) return false;
+    const note = state.eventNotes.get(started.seq);
+    if (!note) return false;
+    state.eventNotes.set(seq, note); // a replay of this event makes no note either
+    // The session goal is the run's only when it had none before (it may be an older one).
+    const changed = ["session_goal", "phase_goal"].filter((field) => data[field] === started.goal && (!before || before[field] !== data[field]));
+    if (changed.length && !note.querySelector(".goal-set")) {
+      const names = changed.map((field) => GOAL_NAMES[field]).join(" and the ");
+      note.querySelector(".turn-note-lines").append(el("p", { className: "goal-set muted", text: `It is now the ${names}.` }));
+    }
+    return true;
+  }
+
+  /** `goal.decided`, after a round (or a person's stop): what the driver decided and why. */
+  function goalDecidedNote(seq, data, live) {
+    const decision = String(data.decision || "");
+    eventNote(seq, data, live, () =>
+      noteItem(
+        "goal-decided",
+        "goal-note",
+        DECISION_ICONS[decision] || "•",
+        { decision, round: data.round, goalRunId: data.goal_run_id },
+        el("p", { text: decisionText(decision, data.round, roundLimit(data.goal_run_id), data.reason) })
+      )
+    );
+  }
+
+  /** `goal.paused` (after a recovery): a warning, and where to go on. */
+  function goalPausedNote(seq, data, live) {
+    eventNote(seq, data, live, () => {
+      const reason = String(data.reason || "").trim();
+      const withdrawn = data.withdrawn_input_id ? " The round it had queued was taken back; resuming queues it again." : "";
+      return noteItem(
+        "goal-paused",
+        "goal-note goal-paused-note",
+        "‖",
+        { goalRunId: data.goal_run_id, reason: "paused" },
+        el("p", { className: "goal-paused-lead", text: `Goal run paused${reason ? `: ${reason}` : ""}.` }),
+        el("p", { className: "goal-paused-hint", text: `Nothing runs until someone resumes it: Resume (or Stop) is in the Goal run card.${withdrawn}` })
+      );
+    });
+  }
+
+  /** `goal.resumed`: who resumed it. */
+  function goalResumedNote(seq, data, live) {
+    eventNote(seq, data, live, () =>
+      noteItem("goal-resumed", "goal-note", "▶", { goalRunId: data.goal_run_id }, el("p", { text: `Goal run resumed${byWhom(data.by)}` }))
+    );
   }
 
   function recalledMemory(id) {
@@ -1452,7 +1620,9 @@
     return card;
   }
 
-  function showDelivery(delivery) {
+  /** `order`: the place among its turn's notes, taken when `delivery.recorded` arrived (the card
+   * is read after it): a note of a later event of the turn stays after it, as after a reload. */
+  function showDelivery(delivery, order) {
     if (!delivery || delivery.id === undefined || delivery.id === null) return;
     const key = String(delivery.id);
     const fresh = deliveryCard(delivery);
@@ -1464,14 +1634,15 @@
       fresh.classList.add("timeline-extra");
       known.replaceWith(fresh);
     } else {
-      addExtra(fresh, delivery.turn);
+      addExtra(fresh, delivery.turn, order);
     }
   }
 
   function loadDelivery(id) {
     if (id === undefined || id === null) return;
+    const order = (state.extraOrder += 1);
     api(`${boot.api}deliveries/${encodeURIComponent(id)}/`)
-      .then(showDelivery)
+      .then((delivery) => showDelivery(delivery, order))
       .catch(() => {});
   }
 
@@ -2098,6 +2269,18 @@
       case "goals.updated":
         goalsUpdatedNote(event.seq, data, live);
         break;
+      case "goal.started":
+        goalStartedNote(event.seq, data, live);
+        break;
+      case "goal.decided":
+        goalDecidedNote(event.seq, data, live);
+        break;
+      case "goal.paused":
+        goalPausedNote(event.seq, data, live);
+        break;
+      case "goal.resumed":
+        goalResumedNote(event.seq, data, live);
+        break;
       case "error":
         if (PREPARATION_FAILURES[data.code]) preparationFailedNote(event.seq, data, live);
         break;
@@ -2416,6 +2599,7 @@
     }
     showFirstInputFailure();
     if (files) files.load();
+    // The run first: the timeline's notes of its decisions read its round limit.
     await Promise.all([loadPendingApprovals(), loadDeliveries(), goalCard ? goalCard.refresh() : null]);
     connect();
     window.setInterval(refreshApprovalTimes, APPROVAL_TIMES_REFRESH_MS);
