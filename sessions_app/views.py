@@ -13,9 +13,10 @@ from django.views.decorators.http import require_safe
 from tenancy_app.access import SESSION_TENANT_KEY, resolve_membership
 from tools_app.registry import DELEGATE_TOOL, default_tool_names
 
-from .api.serializers import GoalRunCreateSerializer
+from .api.serializers import GoalRunCreateSerializer, GoalRunSerializer
 from .choices import MemoryKind, SessionKind
 from .models import Session
+from .runtime import goal_driver
 
 # How many logged events before the page's snapshot the activity log shows on open.
 EVENT_LOG_BACKLOG = 300
@@ -68,6 +69,10 @@ def session_detail(request, session_id):
         # A MainSession lists the sub-Sessions it handed tasks to (and follows their status).
         "kind": session.kind,
     }
+    # The Goal run card starts from the run as `GET …/goal-run/` would answer (null: none, where
+    # the route answers 404), and reads it again on the events that follow the snapshot.
+    run = goal_driver.current_run(session.pk)
+    boot["goalRun"] = GoalRunSerializer(run).data if run is not None else None
     # A sub-Session links to the MainSession that handed it its task (same tenant, not archived).
     parent = None
     if session.parent_id is not None:

@@ -3,9 +3,10 @@
  * session.js as `window.xagent.goalRun.card(options)`; the words shared with the timeline notes
  * (`decisionText`, `formatTokens`, `formatDuration`) are exported beside it.
  *
- * The card shows what `GET …/goal-run/` says (the open run, else the latest; 404: none yet) and
- * reads it again when session.js tells it that something changed (`goal.*`, `turn.ended`): the
- * driver owns every fact, the card only renders and asks. Between reads the elapsed time of an
+ * The card starts from the run the page was rendered with (`initial`: as `GET …/goal-run/` answers,
+ * the open run, else the latest; null: none yet) and reads it again when session.js tells it that
+ * something changed (`goal.*`; `turn.ended` while a run is open): the driver owns every fact, the
+ * card only renders and asks. Between reads the elapsed time of an
  * open run ticks on locally. The goal is user text: only ever set as text.
  */
 (function () {
@@ -121,7 +122,7 @@
     };
   }
 
-  function goalRunCard({ root, apiBase }) {
+  function goalRunCard({ root, apiBase, initial }) {
     const url = `${apiBase}goal-run/`;
     const ui = {
       pill: root.querySelector("[data-testid=goal-run-status]"),
@@ -461,7 +462,8 @@
       return act("stop/", "stopped");
     }
 
-    render(); // nothing to offer until the first read says whether a run exists
+    if (initial !== undefined) show(initial);
+    else render(); // nothing to offer until the first read says whether a run exists
     ui.open.addEventListener("click", openForm);
     ui.cancel.addEventListener("click", () => closeForm());
     ui.form.addEventListener("submit", (event) => {
@@ -480,6 +482,10 @@
 
     return {
       refresh,
+      /** A turn ended: an open run's tokens, time and rounds moved on (a finished one's did not). */
+      turnEnded() {
+        if (state.run && OPEN.has(state.run.status)) refresh();
+      },
       /** The run as last read (null: none, or not read yet). */
       current: () => state.run,
     };

@@ -17,8 +17,8 @@
  * card turns decided on the `ack`, on the `approval.decided` event or on a re-read, whichever
  * comes first — all three say the same thing, so the order does not matter.
  *
- * Goal runs: the Goal run card (goal_run.js) reads `…/goal-run/` at start and again on every
- * live `goal.*` and `turn.ended`; the timeline says what the driver did from the `goal.*` events
+ * Goal runs: the Goal run card (goal_run.js) starts from the run the page was rendered with and
+ * reads `…/goal-run/` again on every live `goal.*` (and `turn.ended` while the run is open); the timeline says what the driver did from the `goal.*` events
  * (like every note, rebuilt from the log on a reload), and a round's message (`goal_round`) is
  * shown as the driver's, not as a bubble the person typed.
  */
@@ -2348,7 +2348,7 @@
         endStream();
         fetchNewMessages().then(dropStaleStreams);
         refreshHeader();
-        if (goalCard) goalCard.refresh(); // tokens and time spent, the rounds done
+        if (goalCard) goalCard.turnEnded(); // tokens and time spent, the rounds done
         break;
       case "goal.started":
       case "goal.decided":
@@ -2563,7 +2563,7 @@
   // --- goal run card --------------------------------------------------------------------------
 
   const goalRoot = $("goal-run");
-  const goalCard = goalRoot && goalRun ? goalRun.card({ root: goalRoot, apiBase: boot.api }) : null;
+  const goalCard = goalRoot && goalRun ? goalRun.card({ root: goalRoot, apiBase: boot.api, initial: boot.goalRun }) : null;
 
   /** home.js created this Session but could not queue its goal: say so and offer it again. */
   function showFirstInputFailure() {
@@ -2599,8 +2599,7 @@
     }
     showFirstInputFailure();
     if (files) files.load();
-    // The run first: the timeline's notes of its decisions read its round limit.
-    await Promise.all([loadPendingApprovals(), loadDeliveries(), goalCard ? goalCard.refresh() : null]);
+    await Promise.all([loadPendingApprovals(), loadDeliveries()]);
     connect();
     window.setInterval(refreshApprovalTimes, APPROVAL_TIMES_REFRESH_MS);
   }

@@ -268,3 +268,26 @@ class TestSessionPage:
             assert f'value="{value}"' in html
         assert "at most 24:00" in html and "At most 50." in html
         assert html.index("js/goal_run.js") < html.index("js/session.js")
+
+    def test_the_page_boots_with_the_goal_run_the_api_would_answer(self, owner_a, main_a):
+        from sessions_app.runtime import goal_driver
+
+        client = logged_in(owner_a)
+        assert client.get(f"/sessions/{main_a.pk}/").context["boot"]["goalRun"] is None  # the API: 404
+        run = goal_driver.start(
+            main_a.pk,
+            goal="Write <notes>.md",
+            max_rounds=2,
+            token_budget=500,
+            wall_clock_seconds=600,
+            user=owner_a,
+        )
+
+        response = client.get(f"/sessions/{main_a.pk}/")
+
+        shown = response.context["boot"]["goalRun"]
+        assert shown == client.get(f"/api/v1/sessions/{main_a.pk}/goal-run/").json() | {
+            "elapsed_seconds": shown["elapsed_seconds"]
+        }
+        assert (shown["id"], shown["status"], shown["max_rounds"]) == (run.pk, "active", 2)
+        assert "Write <notes>.md" not in response.content.decode()  # json_script escapes it
