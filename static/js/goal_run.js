@@ -72,15 +72,19 @@
    * A decision in words, the same in the card and the timeline:
    * continue -> "Round 1 of 3 done — continuing: 2 open plan tasks" (the reason's "round 2 of 3
    * queued" is what "continuing" says), done -> "Goal reached after round 2: …", stop -> "Goal
-   * run stopped after round 3: …".
+   * run stopped after round 3: …". With `username`, the viewer's own stop reads "stopped by you".
    */
-  function decisionText(decision, round, maxRounds, reason) {
+  function decisionText(decision, round, maxRounds, reason, username) {
     let why = String(reason || "").trim();
+    if (username && why === `stopped by ${username}`) why = "stopped by you";
     if (decision === "continue") {
       const queued = QUEUED_PREFIX.exec(why);
       const limit = maxRounds || (queued ? Number(queued[2]) : null);
+      const of = limit ? ` of ${limit}` : "";
       if (queued) why = why.slice(queued[0].length);
-      return `Round ${round}${limit ? ` of ${limit}` : ""} done — continuing${why ? `: ${why}` : ""}`;
+      // Resumed before any round ended (the queued one was taken back): round 1 again.
+      if (!round) return `Continuing: round 1${of} queued${why ? ` (${why})` : ""}`;
+      return `Round ${round}${of} done — continuing${why ? `: ${why}` : ""}`;
     }
     const tail = why ? `: ${why}` : "";
     if (decision === "done") return `Goal reached after round ${round}${tail}`;
@@ -122,7 +126,7 @@
     };
   }
 
-  function goalRunCard({ root, apiBase, initial }) {
+  function goalRunCard({ root, apiBase, initial, username }) {
     const url = `${apiBase}goal-run/`;
     const ui = {
       pill: root.querySelector("[data-testid=goal-run-status]"),
@@ -243,7 +247,7 @@
             "p",
             { className: "goal-run-decision", dataset: { testid: "goal-run-decision", decision: last.decision } },
             el("span", { className: "goal-run-decision-label", text: "Last decision" }),
-            el("span", { text: decisionText(last.decision, last.round, run.max_rounds, last.reason) })
+            el("span", { text: decisionText(last.decision, last.round, run.max_rounds, last.reason, username) })
           )
         );
       }

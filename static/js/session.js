@@ -1259,7 +1259,7 @@
         "goal-note",
         DECISION_ICONS[decision] || "•",
         { decision, round: data.round, goalRunId: data.goal_run_id },
-        el("p", { text: decisionText(decision, data.round, roundLimit(data.goal_run_id), data.reason) })
+        el("p", { text: decisionText(decision, data.round, roundLimit(data.goal_run_id), data.reason, USERNAME) })
       )
     );
   }
@@ -2563,7 +2563,7 @@
   // --- goal run card --------------------------------------------------------------------------
 
   const goalRoot = $("goal-run");
-  const goalCard = goalRoot && goalRun ? goalRun.card({ root: goalRoot, apiBase: boot.api, initial: boot.goalRun }) : null;
+  const goalCard = goalRoot && goalRun ? goalRun.card({ root: goalRoot, apiBase: boot.api, initial: boot.goalRun, username: USERNAME }) : null;
 
   /** home.js created this Session but could not queue its goal: say so and offer it again. */
   function showFirstInputFailure() {
