@@ -1259,7 +1259,9 @@
         "goal-note",
         DECISION_ICONS[decision] || "•",
         { decision, round: data.round, goalRunId: data.goal_run_id },
-        el("p", { text: decisionText(decision, data.round, roundLimit(data.goal_run_id), data.reason, USERNAME) })
+        el("p", { text: decisionText(decision, data.round, roundLimit(data.goal_run_id), data.reason, USERNAME) }),
+        // A person's stop takes back a round queued and not started yet.
+        data.withdrawn_input_id ? el("p", { className: "muted", text: "The round it had queued was taken back before it started." }) : null
       )
     );
   }
