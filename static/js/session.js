@@ -1077,11 +1077,14 @@
   /** A goal in a note: quoted, clipped (the whole text on hover). */
   function quoted(text) {
     const whole = String(text);
-    return el("span", {
-      className: "note-goal",
-      attrs: { title: whole.length > GOAL_EXCERPT_CHARS ? whole : null },
-      text: `“${excerpt(whole, GOAL_EXCERPT_CHARS)}”`,
-    });
+    // The goal in a <bdi>: a direction override inside it cannot flip the quotes or the sentence.
+    return el(
+      "span",
+      { className: "note-goal", attrs: { title: whole.length > GOAL_EXCERPT_CHARS ? whole : null } },
+      "“",
+      el("bdi", { text: excerpt(whole, GOAL_EXCERPT_CHARS) }),
+      "”"
+    );
   }
 
   /** `task.understood`: how the outer loop read the message, at the turn it starts. */
