@@ -172,9 +172,10 @@ def _recall_memories(tenant_id: int, user_id: int | None, terms) -> list[int]:
 
 
 def _run_all(recallers: dict[str, Callable[[], list]]) -> dict[str, list]:
-    """Run the recalls side by side (threads, each with its own database connection, closed when
-    it is done), collected by name: completion order never changes the result. Inside a
-    transaction they run one after the other, since other connections could not see its rows."""
+    """Run the recalls, collected by name: completion order never changes the result. With
+    XAGENT_RECALL_PARALLEL they run side by side (threads, each with its own database connection,
+    closed when it is done) — except inside a transaction, whose rows other connections could not
+    see. Off by default: a new connection per thread costs more than it overlaps today (bench 9)."""
     if not settings.XAGENT_RECALL_PARALLEL or connection.in_atomic_block:
         return {name: recaller() for name, recaller in recallers.items()}
 
