@@ -9,6 +9,8 @@ One facade over a small package, split by fact:
 - `plan`: facts tools change (plan, file changes) and a person's file changes;
 - `context`: the system prompt, the assembled request and the model-call record;
 - `compaction`: context compression (checkpoints; the summary itself is SummaryService's);
+- `goals`: the goals, a turn's `preparing` phase and the outer loop's evidence and add-only commit;
+- `delegation`: tasks handed to sub-Sessions and their results returned as session events;
 - `recovery`: what a runner that took over from a lost one normalises first.
 """
 
