@@ -228,12 +228,18 @@
     function summary(run) {
       const goal = String(run.goal || "");
       const parts = [
-        el("p", {
-          className: "goal-run-goal",
-          dataset: { testid: "goal-run-goal" },
-          attrs: { title: goal.length > GOAL_SHOWN_CHARS ? goal : null },
-          text: `“${excerpt(goal, GOAL_SHOWN_CHARS)}”`,
-        }),
+        // The goal in a <bdi>: a direction override in it cannot flip the quotes around it.
+        el(
+          "p",
+          {
+            className: "goal-run-goal",
+            dataset: { testid: "goal-run-goal" },
+            attrs: { title: goal.length > GOAL_SHOWN_CHARS ? goal : null },
+          },
+          "“",
+          el("bdi", { text: excerpt(goal, GOAL_SHOWN_CHARS) }),
+          "”"
+        ),
         el("p", { className: "goal-run-round", dataset: { testid: "goal-run-round" }, text: roundLine(run) }),
       ];
       const tokens = meter("goal-run-tokens", "Tokens");

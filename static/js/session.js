@@ -338,8 +338,20 @@
 
   function argumentsSummary(args) {
     const parts = Object.entries(args).map(([key, value]) => `${key}=${summarizeValue(value)}`);
-    const text = parts.join(", ");
+    const text = visibleControls(parts.join(", "));
     return text.length > 160 ? `${text.slice(0, 157)}…` : text;
+  }
+
+  // Direction controls (bidi overrides, embeddings, isolates, marks) in what a model sends would
+  // reorder what a person reads — "keep/\u202etxt.exe" shows as "keep/exe.txt". Where a person
+  // judges arguments (tool cards, approvals) they are shown by name instead.
+  const DIRECTION_CONTROLS = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+  function visibleControls(text) {
+    return String(text).replace(
+      DIRECTION_CONTROLS,
+      (ch) => `⟨U+${ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}⟩`
+    );
   }
 
   /** Tool cards are keyed by (turn, call id): a model may reuse a call id in a later turn. */
@@ -393,7 +405,7 @@
     if (rawArguments !== undefined && !card.dataset.hasArguments) {
       const args = parseArguments(rawArguments);
       card.querySelector(".tool-args").textContent = argumentsSummary(args);
-      const full = JSON.stringify(args, null, 2);
+      const full = visibleControls(JSON.stringify(args, null, 2));
       card.querySelector(".tool-arguments pre").textContent =
         full.length > RESULT_PREVIEW_CHARS ? `${full.slice(0, RESULT_PREVIEW_CHARS)}\n…` : full;
       card.querySelector(".tool-arguments").hidden = false;
@@ -1886,15 +1898,15 @@
         el(
           "ul",
           { className: `approval-files${deleting ? " deleting" : ""}`, dataset: { testid: "approval-paths" } },
-          ...paths.map((path) => el("li", { dataset: { path } }, el("code", { text: path })))
+          ...paths.map((path) => el("li", { dataset: { path } }, el("code", { text: visibleControls(path) })))
         )
       );
     }
     if (typeof args.command === "string") {
       parts.push(el("p", { className: "approval-files-lead", text: "Command:" }));
-      parts.push(el("pre", { className: "approval-command", text: args.command }));
+      parts.push(el("pre", { className: "approval-command", text: visibleControls(args.command) }));
     }
-    const full = JSON.stringify(args, null, 2);
+    const full = visibleControls(JSON.stringify(args, null, 2));
     const json = el("pre", {
       className: "approval-json",
       text: full.length > RESULT_PREVIEW_CHARS ? `${full.slice(0, RESULT_PREVIEW_CHARS)}\n…` : full,

@@ -55,6 +55,10 @@ memory.save(tenant_id=tenant.pk, user_id=demo.pk, text={memory!r}, kind="entity"
 """
 
 
+SPOOF_TASK = "Tidy the keep folder"
+SPOOFED_PATH = "keep/\u202etxt.exe"  # shows as "keep/exe.txt" if the override is obeyed
+
+
 def _last_user_text(request) -> str:
     users = [m for m in request.messages if m["role"] == "user"]
     return str(users[-1]["content"]) if users else ""
@@ -71,6 +75,8 @@ def agent(request):
         return text_reply(DELEGATED)
     if last.get("role") == "tool" and last.get("tool_call_id") == "write":
         return text_reply(CHILD_ANSWER)
+    if SPOOF_TASK in text and last.get("role") != "tool":
+        return tool_reply(tool_call("fs_delete_files", {"paths": [SPOOFED_PATH]}, id="spoof"))
     if DELEGATE_TASK in text:
         request_args = {"request": CHILD_REQUEST, "title": CHILD_TITLE}
         return tool_reply(tool_call("session_delegate", request_args, id="delegate"))
@@ -393,3 +399,16 @@ def test_a_main_session_lists_its_sub_session_and_shows_the_result_as_a_notice(p
     expect(
         page.get_by_test_id("session-row").filter(has_text="Coordinator").first.get_by_test_id("sub-badge")
     ).to_have_count(0)
+
+
+def test_direction_overrides_in_arguments_are_shown_by_name_where_a_person_judges_them(page):
+    """A model naming `keep/\u202etxt.exe` must not show the approver `keep/exe.txt`."""
+    log_in(page)
+    main = create_session(page, title="Spoof check")
+    open_session(page, main["id"])
+    send(page, SPOOF_TASK)
+    chip = page.get_by_test_id("approval-paths").locator("code")
+    expect(chip).to_have_text("keep/⟨U+202E⟩txt.exe", timeout=LIVE_TIMEOUT_MS)
+    card = page.locator("[data-testid=tool-card][data-tool=fs_delete_files]")
+    expect(card.locator(".tool-args")).to_contain_text("⟨U+202E⟩")
+    assert "\u202e" not in card.locator(".tool-args").inner_text()
