@@ -380,7 +380,9 @@ def _round_text(run: GoalRun, number: int, facts: dict | None) -> str:
             f"on, for at most {run.max_rounds} rounds, until they are clear. Keep the plan's task "
             "statuses true."
         )
-    lines = [f"What the product recorded after round {number - 1} (its own checks, not claims):"]
+    # A round withdrawn by a pause and queued again on resume follows no ended round.
+    when = f"after round {number - 1}" if number > 1 else "so far"
+    lines = [f"What the product recorded {when} (its own checks, not claims):"]
     for failure in facts["failures"][:LISTED_FACTS]:
         summary = str(failure.get("summary", ""))[:300]
         lines.append(

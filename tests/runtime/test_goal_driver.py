@@ -335,6 +335,8 @@ def test_a_round_queued_when_the_runner_was_lost_is_withdrawn_until_resumed(sess
 
     run.refresh_from_db()
     assert _rounds(session) == [(1, "consumed"), (1, "consumed")]  # round 1 again, in a new input
+    again = Input.objects.filter(session=session, payload__has_key="goal_run_id").order_by("-id").first()
+    assert "round 0" not in again.payload["text"]  # no round had ended before it
     assert Turn.objects.get(session=session).reason == "completed"
     assert run.status == "done" and run.rounds_done == 1
 
