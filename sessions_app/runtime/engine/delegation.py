@@ -23,7 +23,7 @@ from ...choices import InputKind, SessionKind, TurnReason
 from ...models import Delivery, Input, Session, Turn
 from ..events import emit
 from .fencing import locked_session
-from .sessions import archive_session, create_session, enqueue_input, workspace_dir, workspace_path
+from .sessions import archive_session, create_session, queue_input, workspace_dir, workspace_path
 
 logger = logging.getLogger(__name__)
 
@@ -110,14 +110,13 @@ def delegate(
             if not reused:
                 archive_session(child.pk)  # nothing was sent to it: no empty sub-Session left behind
             raise DelegationRefused(f"{path!r} could not be handed over: {exc}", code="file_refused") from exc
-    with transaction.atomic():
-        with locked_session(child.pk) as locked_child:
-            for path, op in copied:
-                # Announced as handed over (`by`), so the sub-Session's delivery does not count
-                # them as its own work.
-                emit(locked_child, "file.changed", {"path": path, "op": op, "by": f"MainSession {main.pk}"})
-        created, _ = enqueue_input(
-            child.pk,
+    with locked_session(child.pk) as locked_child:
+        for path, op in copied:
+            # Announced as handed over (`by`), so the sub-Session's delivery does not count
+            # them as its own work.
+            emit(locked_child, "file.changed", {"path": path, "op": op, "by": f"MainSession {main.pk}"})
+        created = queue_input(
+            locked_child,
             kind=InputKind.MESSAGE,
             payload={
                 "text": request,
@@ -189,19 +188,19 @@ def report_to_parent(session: Session, turn: Turn, reason: str, detail: str = ""
     with locked_session(parent.pk) as locked_parent:
         for target, op, _ in copied:
             emit(locked_parent, "file.changed", {"path": target, "op": op, "by": f"sub-Session {session.pk}"})
-    created, _ = enqueue_input(
-        parent.pk,
-        kind=InputKind.SESSION_EVENT,
-        payload={
-            "text": text,
-            "event": "sub_session.finished",
-            "session_id": str(session.pk),
-            "turn_id": turn.pk,
-            "reason": reason,
-            "delivery_id": delivery.pk if delivery is not None else None,
-            "files": [target for target, _, _ in copied],
-        },
-    )
+        created = queue_input(
+            locked_parent,
+            kind=InputKind.SESSION_EVENT,
+            payload={
+                "text": text,
+                "event": "sub_session.finished",
+                "session_id": str(session.pk),
+                "turn_id": turn.pk,
+                "reason": reason,
+                "delivery_id": delivery.pk if delivery is not None else None,
+                "files": [target for target, _, _ in copied],
+            },
+        )
     transaction.on_commit(lambda: _wake(parent.pk))
     return created
 

@@ -33,23 +33,26 @@ def set_goals(
 ):
     """`update_goals` for a caller that holds the Session's lock already (e.g. a goal run started
     by a person: its goal is theirs). None leaves a goal as it is."""
-    # Surrounding whitespace means nothing in a goal; a goal of only spaces is no goal.
-    session_goal = session_goal.strip()[:MAX_GOAL_CHARS] if session_goal is not None else None
-    phase_goal = phase_goal.strip()[:MAX_GOAL_CHARS] if phase_goal is not None else None
-    changed = {}
-    if session_goal is not None and session_goal != session.session_goal:
-        changed["session_goal"] = session_goal
-    if phase_goal is not None and phase_goal != session.phase_goal:
-        changed["phase_goal"] = phase_goal
-    if changed:
-        for name, value in changed.items():
-            setattr(session, name, value)
-        Session.objects.filter(pk=session.pk).update(**changed, updated_at=timezone.now())
+    if _store_goals(session, session_goal=session_goal, phase_goal=phase_goal):
         emit(
             session,
             "goals.updated",
             {"session_goal": session.session_goal, "phase_goal": session.phase_goal, "by": by},
         )
+
+
+def _store_goals(session: Session, *, session_goal: str | None, phase_goal: str | None) -> bool:
+    """Write the goals that change (caller holds the lock; None: unchanged). Surrounding
+    whitespace means nothing in a goal; a goal of only spaces is no goal. True when any changed."""
+    changed = {}
+    for name, value in (("session_goal", session_goal), ("phase_goal", phase_goal)):
+        if value is not None and value.strip()[:MAX_GOAL_CHARS] != getattr(session, name):
+            changed[name] = value.strip()[:MAX_GOAL_CHARS]
+    for name, value in changed.items():
+        setattr(session, name, value)
+    if changed:
+        Session.objects.filter(pk=session.pk).update(**changed, updated_at=timezone.now())
+    return bool(changed)
 
 
 def apply_understanding(
@@ -70,15 +73,12 @@ def apply_understanding(
     understanding = without_nul(understanding)  # what a model wrote, stored: no NUL, no lone surrogate
     with locked_session(session_id, token) as session:
         _end_call(session, call, result=result, answer=understanding)
-        changed = {}
-        if phase_goal is not None:
-            changed["phase_goal"] = phase_goal
-        if session_goal is not None and not session.session_goal.strip():
-            changed["session_goal"] = session_goal
-        if changed:
-            for name, value in changed.items():
-                setattr(session, name, value)
-            Session.objects.filter(pk=session.pk).update(**changed)
+        # The session goal is set once: only while it has none (a person changes it after).
+        _store_goals(
+            session,
+            session_goal=session_goal if not session.session_goal.strip() else None,
+            phase_goal=phase_goal,
+        )
         emit(
             session,
             "task.understood",
