@@ -91,9 +91,11 @@ def test_a_compaction_is_shown_live_and_after_a_reload(browser, stack, model_ser
         assert compressing.count() == notes.count()
         expect(page.get_by_test_id("session-status")).to_have_attribute("data-status", "idle")
 
+        # Counted before the reload: `notes.count()` afterwards would count a page still loading.
+        shown_live = notes.count()
         page.reload()
         expect(assistant_messages(page).last).to_contain_text("All chapters are written.")
-        expect(page.get_by_test_id("compaction-note")).to_have_count(notes.count())
+        expect(page.get_by_test_id("compaction-note")).to_have_count(shown_live)
     finally:
         context.close()
     assert not errors, f"JavaScript errors in the page: {errors}"
