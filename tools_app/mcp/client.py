@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -27,12 +28,13 @@ from typing import IO, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
+import anyio.to_thread
 import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError as SDKError
-from mcp.types import Implementation
+from mcp.types import ElicitResult, ErrorData, Implementation
 from pydantic import ValidationError
 
 from tools_app.net import async_guarded_transport, refusal_in
@@ -73,10 +75,25 @@ class Connection:
     secret_values: tuple[str, ...] = field(default=(), repr=False)
     # A tenant-set HTTP endpoint: connect through the outbound guard, never echo its answers.
     guarded: bool = False
+    # HTTP only: an `httpx2.Auth` (the SDK's OAuthClientProvider) that authorizes every request.
+    auth: Any = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:
         return f"MCP server {self.server_name!r}"
+
+
+@dataclass(frozen=True)
+class ElicitAnswer:
+    """A person's (or a default's) answer to a server's `elicitation/create`."""
+
+    action: str  # "accept", "decline" or "cancel"
+    content: dict | None = None
+
+
+# (message, requested_schema) -> answer. Synchronous and allowed to block (a person answering):
+# the client runs it in a worker thread, so the connection keeps serving meanwhile.
+ElicitHandler = Callable[[str, dict], ElicitAnswer]
 
 
 @dataclass
@@ -161,17 +178,32 @@ def list_tools(conn: Connection, timeout: float | None = None) -> list[RemoteToo
     return _run(conn, "listing its tools", operation, timeout)
 
 
-def call_tool(conn: Connection, name: str, arguments: dict, timeout: float | None = None) -> RemoteResult:
-    """Connect, call one tool, disconnect. A tool-level failure is `RemoteResult(is_error=True)`."""
+def call_tool(
+    conn: Connection,
+    name: str,
+    arguments: dict,
+    timeout: float | None = None,
+    on_elicit: ElicitHandler | None = None,
+) -> RemoteResult:
+    """Connect, call one tool, disconnect. A tool-level failure is `RemoteResult(is_error=True)`.
+
+    `on_elicit` answers the server's elicitation requests during the call; without it they are
+    declined as unsupported."""
 
     async def operation(client: Client, renew: Callable[[], None]) -> RemoteResult:
-        return _to_result(await client.call_tool(name, arguments, read_timeout_seconds=_limit(conn, timeout)))
+        # With an elicitation handler the call may wait on a person: the deadline of `_run`
+        # (paused while they answer) bounds it, not the SDK's read timeout.
+        read_timeout = math.inf if on_elicit else _limit(conn, timeout)
+        return _to_result(await client.call_tool(name, arguments, read_timeout_seconds=read_timeout))
 
-    return _run(conn, f"calling the tool {name!r}", operation, timeout)
+    return _run(conn, f"calling the tool {name!r}", operation, timeout, on_elicit)
 
 
 def probe(
-    conn: Connection, arguments_for: Callable[[dict], dict], timeout: float | None = None
+    conn: Connection,
+    arguments_for: Callable[[dict], dict],
+    timeout: float | None = None,
+    on_elicit: ElicitHandler | None = None,
 ) -> list[ProbeCall]:
     """One session: list the tools, then call each with `arguments_for(input_schema)`.
 
@@ -186,7 +218,9 @@ def probe(
             renew()
             try:
                 raw = await client.call_tool(
-                    tool.name, call.arguments, read_timeout_seconds=_limit(conn, timeout)
+                    tool.name,
+                    call.arguments,
+                    read_timeout_seconds=math.inf if on_elicit else _limit(conn, timeout),
                 )
                 call.result = _to_result(raw)
             except SDKError as exc:
@@ -196,7 +230,7 @@ def probe(
             calls.append(call)
         return calls
 
-    return _run(conn, "probing its tools", operation, timeout)
+    return _run(conn, "probing its tools", operation, timeout, on_elicit)
 
 
 # --- plumbing -------------------------------------------------------------------------------
@@ -256,6 +290,7 @@ def _run(
     doing: str,
     operation: Callable[[Client, Callable[[], None]], Awaitable[T]],
     timeout: float | None,
+    on_elicit: ElicitHandler | None = None,
 ) -> T:
     """Run `operation(client, renew)` in one session; `renew()` restarts the deadline for a next step."""
     limit = _limit(conn, timeout)
@@ -274,8 +309,9 @@ def _run(
         async def session() -> T:
             with anyio.fail_after(limit) as scope:
 
-                def renew() -> None:
-                    scope.deadline = anyio.current_time() + limit
+                def renew(pause: bool = False) -> None:
+                    # pause=True: no deadline while a person answers an elicitation.
+                    scope.deadline = math.inf if pause else anyio.current_time() + limit
 
                 async with contextlib.AsyncExitStack() as stack:
                     if conn.transport == STDIO:
@@ -291,11 +327,19 @@ def _run(
                                 timeout=httpx2.Timeout(limit),
                                 event_hooks={"response": [record_status]},
                                 transport=guard,
+                                auth=conn.auth,
                             )
                         )
                         transport = streamable_http_client(conn.url, http_client=http)
                     client = await stack.enter_async_context(
-                        Client(transport, read_timeout_seconds=limit, client_info=CLIENT_INFO)
+                        Client(
+                            transport,
+                            read_timeout_seconds=limit,
+                            client_info=CLIENT_INFO,
+                            elicitation_callback=_elicitation_callback(on_elicit, renew)
+                            if on_elicit
+                            else None,
+                        )
                     )
                     renew()
                     return await operation(client, renew)
@@ -314,6 +358,31 @@ def _run(
             status = http_errors[0] if http_errors else None
             message = _describe(conn, doing, _leaf(exc), limit, _stderr_tail(errlog), status)
             raise MCPError(redactor.redact(message)) from None
+
+
+def _elicitation_callback(on_elicit: ElicitHandler, renew: Callable[..., None]):
+    """The SDK callback for `elicitation/create`: form requests go to `on_elicit` (in a thread,
+    since a person may take minutes); URL-mode requests are declined (we never open links)."""
+
+    async def callback(context, params) -> ElicitResult | ErrorData:
+        if getattr(params, "mode", "form") != "form":
+            return ElicitResult(action="decline")
+        schema = params.requested_schema
+        schema = (
+            schema.model_dump(by_alias=True, exclude_none=True)
+            if hasattr(schema, "model_dump")
+            else dict(schema)
+        )
+        renew(pause=True)  # the wait for a person does not count against the call's own deadline
+        try:
+            answer = await anyio.to_thread.run_sync(on_elicit, params.message, schema, abandon_on_cancel=True)
+        finally:
+            renew()
+        if answer.action == "accept":
+            return ElicitResult(action="accept", content=dict(answer.content or {}))
+        return ElicitResult(action=answer.action if answer.action in ("decline", "cancel") else "decline")
+
+    return callback
 
 
 def _run_coroutine(factory: Callable[[], Awaitable[T]]) -> T:
