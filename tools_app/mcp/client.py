@@ -77,6 +77,9 @@ class Connection:
     guarded: bool = False
     # HTTP only: an `httpx2.Auth` (the SDK's OAuthClientProvider) that authorizes every request.
     auth: Any = field(default=None, repr=False, compare=False)
+    # Changes whenever the authorization behind `auth` does (connected, refreshed by an admin,
+    # revoked), so anything keyed by a Connection (a pooled session) can tell it apart.
+    auth_key: str = ""
 
     @property
     def label(self) -> str:
