@@ -1,7 +1,9 @@
 """ProcessSandbox: run one shell command against a Session workspace, confined and bounded.
 
-`run_sandboxed` is the whole API (ARCHITECTURE §7). The process chain, when the worker runs as
-root (the deployed case), is
+`run_sandboxed` is the API for one command (ARCHITECTURE §7); long-running servers (stdio MCP
+servers) are started in the same sandbox by `sandbox.server`, which shares `bwrap_options`, the
+uid drop and the limits of this module. The process chain, when the worker runs as root (the
+deployed case), is
 
     setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs ... \\
       prlimit --cpu --as --nproc --fsize --core --nofile \\
@@ -235,14 +237,12 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def _passwd_files(uid: int, gid: int) -> tuple[bytes, bytes]:
+def _passwd_files(uid: int, gid: int, home: str = SANDBOX_WORKDIR) -> tuple[bytes, bytes]:
     """A minimal /etc/passwd and /etc/group naming only root and the sandbox user (the
     host's user list stays outside)."""
     name = "nobody" if uid == SANDBOX_UID else "sandbox"
     group = "nogroup" if gid == SANDBOX_GID else "sandbox"
-    passwd = (
-        f"root:x:0:0:root:/root:/usr/sbin/nologin\n{name}:x:{uid}:{gid}:{name}:{SANDBOX_WORKDIR}:/bin/sh\n"
-    )
+    passwd = f"root:x:0:0:root:/root:/usr/sbin/nologin\n{name}:x:{uid}:{gid}:{name}:{home}:/bin/sh\n"
     groups = f"root:x:0:\n{group}:x:{gid}:\n"
     return passwd.encode(), groups.encode()
 
@@ -276,6 +276,68 @@ def _command_env(env: dict[str, str] | None, home: str) -> dict[str, str]:
             raise ToolError(f"environment variable {name} must be a string without NUL", code="invalid_env")
         result[name] = value
     return result
+
+
+def bwrap_options(
+    *,
+    network: bool,
+    workdir: str,
+    workdir_bind: list[str],
+    passwd_fd: int,
+    group_fd: int,
+    env: dict[str, str] | None,
+    read_paths: tuple[str, ...] = (),
+    info_fd: int | None = None,
+) -> list[str]:
+    """bwrap's options for one sandbox (module docstring), shared by `run_sandboxed` and the
+    long-running servers of `sandbox.server`: fresh namespaces (the network only when
+    `network`), read-only system paths and minimal /etc, private /proc, /dev and /tmp, the one
+    working directory (`workdir_bind` mounts it at `workdir`, which is also cwd and HOME), the
+    extra host paths of `read_paths` read-only at their own path, and the command's environment.
+
+    These go to bwrap through a memfd (`--args`), never on a command line: `env` holds secrets.
+    """
+    options = [
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        *(["--share-net"] if network else []),
+        "--unshare-pid",
+        "--as-pid-1",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+        *_system_args(),
+        *_etc_args(network),
+        "--ro-bind-data",
+        str(passwd_fd),
+        "/etc/passwd",
+        "--ro-bind-data",
+        str(group_fd),
+        "/etc/group",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        *workdir_bind,
+    ]
+    for path in read_paths:
+        options += ["--ro-bind", path, path]
+    options += [
+        "--chdir",
+        workdir,
+        *(["--info-fd", str(info_fd)] if info_fd is not None else []),
+        # Everything but the working directory (per its bind) and /tmp is read-only, /etc included.
+        "--remount-ro",
+        "/",
+        "--clearenv",
+    ]
+    for name, value in _command_env(env, workdir).items():
+        options += ["--setenv", name, value]
+    return options
 
 
 def _prlimit_args(limits: SandboxLimits) -> list[str]:
@@ -590,45 +652,15 @@ def _run_bwrap(command: str, root_fd: int, limits: SandboxLimits, env: dict[str,
         fds.append(info_w)
 
         bind = "--bind-fd" if limits.filesystem == "workspace_write" else "--ro-bind-fd"
-        options = [
-            "--unshare-all",
-            "--unshare-user",
-            "--disable-userns",
-            *(["--share-net"] if limits.network else []),
-            "--unshare-pid",
-            "--as-pid-1",
-            "--die-with-parent",
-            "--new-session",
-            "--hostname",
-            "sandbox",
-            *_system_args(),
-            *_etc_args(limits.network),
-            "--ro-bind-data",
-            str(passwd_fd),
-            "/etc/passwd",
-            "--ro-bind-data",
-            str(group_fd),
-            "/etc/group",
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--tmpfs",
-            "/tmp",
-            bind,
-            str(ws_fd),
-            SANDBOX_WORKDIR,
-            "--chdir",
-            SANDBOX_WORKDIR,
-            "--info-fd",
-            str(info_w),
-            # Everything but /workspace (per policy) and /tmp is read-only, /etc included.
-            "--remount-ro",
-            "/",
-            "--clearenv",
-        ]
-        for name, value in _command_env(env, SANDBOX_WORKDIR).items():
-            options += ["--setenv", name, value]
+        options = bwrap_options(
+            network=limits.network,
+            workdir=SANDBOX_WORKDIR,
+            workdir_bind=[bind, str(ws_fd), SANDBOX_WORKDIR],
+            passwd_fd=passwd_fd,
+            group_fd=group_fd,
+            env=env,
+            info_fd=info_w,
+        )
         args_fd = _memfd("bwrap-args", b"".join(arg.encode() + b"\0" for arg in options))
         fds.append(args_fd)
         # The prologue proves the command was reached (see the module docstring).
