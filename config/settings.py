@@ -394,6 +394,10 @@ XAGENT_RECALL_PARALLEL = _read("XAGENT_RECALL_PARALLEL", env.bool, False)
 # unless the operator lists the host here ("host" or "host:port", comma-separated).
 XAGENT_OUTBOUND_ALLOWED_HOSTS = _read("XAGENT_OUTBOUND_ALLOWED_HOSTS", env.list, [])
 XAGENT_WORKSPACES_DIR = Path(_read("XAGENT_WORKSPACES_DIR", env.str, str(VAR_DIR / "workspaces")))
+# stdio MCP servers run sandboxed, each with its own directory <this>/<tenant id>/<server id>
+# (its working directory and HOME). Like the workspaces root, its parents must be searchable
+# (o+x) by the sandbox uid 65534.
+XAGENT_MCP_SERVERS_DIR = Path(_read("XAGENT_MCP_SERVERS_DIR", env.str, str(VAR_DIR / "mcp-servers")))
 # Loop guards of a turn (AgentService): the same failing call this many times in a row, this
 # many rounds of tool calls without progress, or this many steps end the turn `blocked`.
 XAGENT_LOOP_GUARD_REPEATS = _positive_int("XAGENT_LOOP_GUARD_REPEATS", 3)

@@ -1,8 +1,9 @@
 """Admin for tools, tool sets, MCP servers, sandbox policies and secrets (values write-only).
 
-Tenant admins are not trusted with the host (ARCHITECTURE §7): for them the command, arguments
-and environment of MCP servers are read-only, and every save goes through the owner operation
-`mcp.sync.save_server`, which refuses what only an operator may set, whatever the POST says.
+Tenant admins are not trusted with the host (ARCHITECTURE §7): for them the command, arguments,
+environment, network and read-only paths of MCP servers are read-only, and every save goes
+through the owner operation `mcp.sync.save_server`, which refuses what only an operator may
+set, whatever the POST says.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class MCPServerForm(forms.ModelForm):
             "command",
             "args",
             "env",
+            "network_enabled",
+            "sandbox_read_paths",
             "url",
             "headers",
             "timeout_seconds",
@@ -89,7 +92,8 @@ class MCPServerForm(forms.ModelForm):
             self.add_error(None, str(exc))
 
 
-STDIO_FIELDS = ["command", "args", "env"]
+# What shapes the host process of a stdio server: operator-only.
+STDIO_FIELDS = ["command", "args", "env", "network_enabled", "sandbox_read_paths"]
 
 
 @admin.register(MCPServer)
@@ -101,6 +105,7 @@ class MCPServerAdmin(TenantScopedAdmin):
         "transport",
         "enabled",
         "configured_by_operator",
+        "network_enabled",
         "status",
         "last_refreshed_at",
         "short_error",

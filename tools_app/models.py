@@ -76,7 +76,7 @@ class OperatorConfigured(models.Model):
 
 
 class MCPServer(OperatorConfigured, TenantOwnedModel):
-    OPERATOR_FIELDS = ("transport", "command", "args", "env", "url")
+    OPERATOR_FIELDS = ("transport", "command", "args", "env", "url", "network_enabled", "sandbox_read_paths")
 
     class Transport(models.TextChoices):
         STDIO = "stdio", "stdio (local command)"
@@ -93,6 +93,16 @@ class MCPServer(OperatorConfigured, TenantOwnedModel):
     args = models.JSONField(default=list, blank=True, help_text="stdio: list of arguments")
     env = models.JSONField(
         default=dict, blank=True, help_text="stdio: variables; values may be {{secret:NAME}}"
+    )
+    # How the stdio server's sandbox differs from the default (tools_app/mcp/stdio.py): operator-only.
+    network_enabled = models.BooleanField(
+        default=False, help_text="stdio: the server may use the host's network (operator only)."
+    )
+    sandbox_read_paths = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="stdio: absolute host paths the server may read, bound read-only at the same path "
+        "(operator only).",
     )
     url = models.URLField(max_length=500, blank=True, help_text="Streamable HTTP endpoint")
     headers = models.JSONField(

@@ -9,7 +9,7 @@ out as one `MCPError` whose message is a human sentence naming the server and wh
 Messages never carry tracebacks, and any secret value injected into the connection is masked.
 
 Trust boundary (ARCHITECTURE §7): a stdio server is started only if an operator configured it,
-and a tenant-set HTTP server is reached only through the outbound guard (`tools_app.net`); for
+and only inside the process sandbox (`tools_app.mcp.stdio`, `tools_app.sandbox.server`); a tenant-set HTTP server is reached only through the outbound guard (`tools_app.net`); for
 such a `guarded` connection, messages never repeat what the target answered.
 """
 
@@ -20,7 +20,6 @@ import concurrent.futures
 import contextlib
 import json
 import math
-import os
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -37,7 +36,9 @@ from mcp.shared.exceptions import MCPError as SDKError
 from mcp.types import ElicitResult, ErrorData, Implementation
 from pydantic import ValidationError
 
+from tools_app.base import ToolError
 from tools_app.net import async_guarded_transport, refusal_in
+from tools_app.sandbox.server import CommandNotFound, ServerSandbox, prepare_server
 from tools_app.secrets import MissingSecret, Redactor, resolve_refs
 
 STDIO = "stdio"
@@ -68,7 +69,6 @@ class Connection:
     command: str = ""
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict, repr=False)
-    cwd: str | None = None
     url: str = ""
     headers: dict[str, str] = field(default_factory=dict, repr=False)
     timeout: float = 30.0
@@ -80,6 +80,9 @@ class Connection:
     # Changes whenever the authorization behind `auth` does (connected, refreshed by an admin,
     # revoked), so anything keyed by a Connection (a pooled session) can tell it apart.
     auth_key: str = ""
+    # stdio only: the sandbox the server runs in (`sandbox.server`); a stdio Connection without
+    # one is never started.
+    sandbox: ServerSandbox | None = None
 
     @property
     def label(self) -> str:
@@ -142,19 +145,22 @@ def connection_for(server, secrets: dict[str, str]) -> Connection:
         ) from None
     timeout = float(server.timeout_seconds or 30)
     if server.transport == STDIO:
-        from django.conf import settings
+        from .stdio import sandbox_for
 
+        try:
+            sandbox = sandbox_for(server)
+        except ValueError as exc:
+            raise MCPError(f"MCP server {server.name!r} was not started: {exc}") from None
         return Connection(
             server_name=server.name,
             transport=STDIO,
             command=server.command,
             args=tuple(str(a) for a in (server.args or [])),
-            # The SDK passes only a few safe variables (HOME, PATH, ...) of ours to the server,
-            # never the product's own settings; PATH is made explicit so the command resolves.
-            env={"PATH": os.environ.get("PATH", os.defpath)} | env,
-            cwd=str(settings.BASE_DIR),
+            # Exactly these reach the server (the sandbox sets PATH, HOME, LANG and TMPDIR unless given).
+            env=env,
             timeout=timeout,
             secret_values=tuple(secrets.values()),
+            sandbox=sandbox,
         )
     if server.transport == STREAMABLE_HTTP:
         return Connection(
@@ -318,9 +324,8 @@ def _run(
 
                 async with contextlib.AsyncExitStack() as stack:
                     if conn.transport == STDIO:
-                        params = StdioServerParameters(
-                            command=conn.command, args=list(conn.args), env=conn.env, cwd=conn.cwd
-                        )
+                        # The preflight runs a short sandboxed process: not on the event loop.
+                        params = await anyio.to_thread.run_sync(_sandboxed_stdio, conn)
                         transport = stdio_client(params, errlog=errlog)
                     else:
                         # The SDK leaves an HTTP client it was handed open: the stack closes it.
@@ -361,6 +366,27 @@ def _run(
             status = http_errors[0] if http_errors else None
             message = _describe(conn, doing, _leaf(exc), limit, _stderr_tail(errlog), status)
             raise MCPError(redactor.redact(message)) from None
+
+
+def _sandboxed_stdio(conn: Connection) -> StdioServerParameters:
+    """The SDK's spawn parameters for a stdio server: the sandbox chain, never the bare command."""
+    if conn.sandbox is None:
+        raise MCPError(f"{conn.label} was not started: a stdio server runs only inside the process sandbox.")
+    try:
+        launch = prepare_server(conn.command, conn.args, conn.env, conn.sandbox)
+    except CommandNotFound:
+        raise MCPError(
+            f"Could not start {conn.label}: the command {conn.command!r} was not found in its sandbox "
+            "(it sees the host's /usr and the server's read-only paths only)."
+        ) from None
+    except ToolError as exc:
+        message = f"Could not start {conn.label}: {str(exc).rstrip('.')}."
+        raise MCPError(Redactor(conn.secret_values).redact(message)) from None
+    # The SDK adds a few variables of this process (HOME, PATH, ...) to `env`; the launcher
+    # execs the chain with exactly the environment it was given, so none reach the server.
+    return StdioServerParameters(
+        command=launch.command, args=list(launch.args), env=launch.env, cwd=launch.cwd
+    )
 
 
 def _elicitation_callback(on_elicit: ElicitHandler, renew: Callable[..., None]):

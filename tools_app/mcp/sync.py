@@ -29,6 +29,7 @@ from tools_app.net import OutboundRefused, check_url
 from tools_app.secrets import tenant_secret_values
 
 from .client import MCPError, RemoteTool, connection_for, list_tools
+from .stdio import check_read_paths
 
 logger = logging.getLogger(__name__)
 
@@ -210,9 +211,11 @@ def _reason(text: str) -> str:
 
 STDIO_OPERATOR_ONLY = (
     "Only an operator (a superuser, or manage.py mcp_server add) can add a stdio MCP server or "
-    "change its command, arguments or environment: it runs a command on the host. Tenant admins "
-    "can enable or disable a stdio server an operator set up, or add a Streamable HTTP server."
+    "change its command, arguments, environment, network or read-only paths: it runs a command on "
+    "the host. Tenant admins can enable or disable a stdio server an operator set up, or add a "
+    "Streamable HTTP server."
 )
+SANDBOX_FIELDS_STDIO_ONLY = "Network access and read-only paths belong to a stdio MCP server's sandbox."
 STDIO_NOT_APPROVED = (
     "This stdio MCP server stays disabled until an operator (a superuser) reviews its command "
     "and saves it: it runs a command on the host."
@@ -226,10 +229,17 @@ class OperatorOnly(ValueError):
 def check_server_change(server: MCPServer, *, by_operator: bool) -> None:
     """Refuse what the acting person may not set on `server` (new, or loaded and then edited).
 
-    Operators may set anything. Anyone else may not create a stdio server, change the
-    transport, command, arguments or environment of one, or enable one no operator approved;
-    a new or changed URL must pass the outbound guard.
+    Operators may set anything but read-only paths that would show a server product data
+    (`stdio.check_read_paths`). Anyone else may not create a stdio server, change the transport,
+    command, arguments, environment, network or read-only paths of one, or enable one no
+    operator approved; a new or changed URL must pass the outbound guard.
     """
+    if server.transport == MCPServer.Transport.STDIO:
+        if server.pk is None or server.operator_fields_changed():
+            # Operators too: a path that would show the server product data is refused.
+            server.sandbox_read_paths = check_read_paths(server.sandbox_read_paths)
+    elif server.network_enabled or server.sandbox_read_paths:
+        raise ValueError(SANDBOX_FIELDS_STDIO_ONLY)
     if by_operator:
         return
     if server.transport == MCPServer.Transport.STDIO:
@@ -272,6 +282,8 @@ def add_server(
     url: str = "",
     headers: dict[str, str] | None = None,
     timeout_seconds: int = 30,
+    network_enabled: bool = False,
+    sandbox_read_paths: list[str] | None = None,
     by_operator: bool = True,
 ) -> MCPServer:
     """Validate and create an MCP server of `tenant`. Raises ValueError with a clear message.
@@ -280,6 +292,7 @@ def add_server(
     default; a tenant-facing caller passes `by_operator=False` and gets the tenant rules.
     Values of `env` and `headers` may reference tenant secrets as `{{secret:NAME}}`; they are
     resolved only when the server is contacted.
+    `network_enabled` and `sandbox_read_paths` shape a stdio server's sandbox (`mcp.stdio`).
     """
     args, env, headers = list(args or []), dict(env or {}), dict(headers or {})
     if transport not in MCPServer.Transport.values:
@@ -330,6 +343,8 @@ def add_server(
         url=url,
         headers=headers,
         timeout_seconds=timeout_seconds,
+        network_enabled=network_enabled,
+        sandbox_read_paths=list(sandbox_read_paths or []),
     )
     try:
         server.full_clean(validate_constraints=False)

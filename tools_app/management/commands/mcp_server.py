@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from tenancy_app.models import Tenant
 from tools_app.mcp.client import MCPError
+from tools_app.mcp.stdio import python_module_launch
 from tools_app.mcp.sync import add_server, refresh_server
 from tools_app.models import MCPServer
 
@@ -35,7 +36,9 @@ class Command(BaseCommand):
             help="add a server (stdio command or Streamable HTTP URL), then refresh its tools",
             description=(
                 "Add an MCP server. Give an argument starting with '-' as --arg=-m "
-                "(manage.py mcp_server add demo --tenant acme --command python --arg=-m --arg pkg.server). "
+                "(manage.py mcp_server add demo --tenant acme --command python3 --arg=-m --arg pkg.server). "
+                "A stdio server runs in the process sandbox with its own directory; --network and "
+                "--read-path widen that sandbox. "
                 "Values of --env and --header may reference tenant secrets as {{secret:NAME}}."
             ),
         )
@@ -46,8 +49,24 @@ class Command(BaseCommand):
             "--command", dest="server_command", metavar="CMD", help="stdio: the executable to run"
         )
         where.add_argument("--url", help="Streamable HTTP: the endpoint URL")
+        where.add_argument(
+            "--python-module",
+            metavar="MODULE",
+            help="stdio: run a Python module of this project in the sandbox (sets the command, "
+            "PYTHONPATH and read-only paths), e.g. tools_app.mcp.example_server",
+        )
         add.add_argument("--arg", action="append", default=[], help="stdio: one argument (repeatable)")
         add.add_argument("--env", action="append", default=[], help="stdio: K=V (repeatable)")
+        add.add_argument(
+            "--network", action="store_true", help="stdio: let the sandboxed server use the network"
+        )
+        add.add_argument(
+            "--read-path",
+            action="append",
+            default=[],
+            metavar="PATH",
+            help="stdio: a host path the sandboxed server may read (repeatable)",
+        )
         add.add_argument("--header", action="append", default=[], help="HTTP: K=V (repeatable)")
         add.add_argument("--timeout", type=int, default=30, help="seconds per operation (default 30)")
         add.add_argument(
@@ -76,22 +95,33 @@ class Command(BaseCommand):
         self._refresh(server)
 
     def _add(self, tenant, name, options) -> MCPServer:
-        command = options["server_command"]
-        if command is None and (options["arg"] or options["env"]):
-            raise CommandError("--arg and --env belong to a stdio server (--command), not to --url.")
-        if command is not None and options["header"]:
-            raise CommandError("--header belongs to a Streamable HTTP server (--url), not to --command.")
+        command, args = options["server_command"], options["arg"]
+        env, read_paths = parse_pairs(options["env"], "--env"), options["read_path"]
+        stdio = command is not None or options["python_module"] is not None
+        if not stdio and (args or env or options["network"] or read_paths):
+            raise CommandError(
+                "--arg and --env belong to a stdio server (--command or --python-module), as do "
+                "--network and --read-path; not to --url."
+            )
+        if stdio and options["header"]:
+            raise CommandError("--header belongs to a Streamable HTTP server (--url), not to a stdio one.")
         try:
+            if options["python_module"] is not None:
+                launch = python_module_launch(options["python_module"], args)
+                command, args = launch.command, launch.args
+                env, read_paths = launch.env | env, [*launch.read_paths, *read_paths]
             return add_server(
                 tenant,
                 name,
-                MCPServer.Transport.STDIO if command is not None else MCPServer.Transport.STREAMABLE_HTTP,
+                MCPServer.Transport.STDIO if stdio else MCPServer.Transport.STREAMABLE_HTTP,
                 command=command or "",
-                args=options["arg"],
-                env=parse_pairs(options["env"], "--env"),
+                args=args,
+                env=env,
                 url=options["url"] or "",
                 headers=parse_pairs(options["header"], "--header"),
                 timeout_seconds=options["timeout"],
+                network_enabled=options["network"],
+                sandbox_read_paths=read_paths,
                 by_operator=True,  # whoever runs manage.py is trusted with the host
             )
         except ValueError as exc:
