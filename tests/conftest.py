@@ -2,6 +2,9 @@
 outsider_b owns tenant B and must never reach anything of A."""
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
@@ -45,6 +48,24 @@ def no_presence_thread(settings):
     rows outside each test's transaction. Tests of presence write the rows themselves
     (`presence.beat()`); real worker processes keep the default."""
     settings.XAGENT_PRESENCE_BEAT_SECONDS = 0
+
+
+@pytest.fixture(scope="session")
+def searchable_mcp_servers_root():
+    path = Path(tempfile.mkdtemp(prefix="xagent-mcp-servers-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def mcp_servers_dir(settings, searchable_mcp_servers_root) -> Path:
+    """stdio MCP servers' own directories, fresh per test (ids repeat across rolled-back tests),
+    under a root the sandbox uid can search (pytest's tmp_path lies under a root-only directory)."""
+    path = Path(tempfile.mkdtemp(dir=searchable_mcp_servers_root))
+    path.chmod(0o711)
+    settings.XAGENT_MCP_SERVERS_DIR = path
+    return path
 
 
 @pytest.fixture(autouse=True)

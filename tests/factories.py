@@ -44,3 +44,18 @@ def make_member(tenant, username, role=Role.MEMBER):
 def issue_key(tenant, user, name="test"):
     """Returns (ApiKey row, plaintext)."""
     return do_issue_api_key(tenant, user, name)
+
+
+def example_stdio_fields(env: dict[str, str] | None = None) -> dict:
+    """`add_server` keyword arguments that run the shipped example MCP server over stdio, in the
+    process sandbox (what `manage.py mcp_server add --python-module tools_app.mcp.example_server`
+    records)."""
+    from tools_app.mcp.stdio import python_module_launch
+
+    launch = python_module_launch("tools_app.mcp.example_server")
+    return {
+        "command": launch.command,
+        "args": launch.args,
+        "env": {**launch.env, **(env or {})},
+        "sandbox_read_paths": launch.read_paths,
+    }

@@ -2,22 +2,21 @@
 tools_select and called by the model; the evidence names the server and the tool."""
 
 import json
-import sys
 
 import pytest
 
 from sessions_app.models import Message, SessionEvent, Turn
+from tests.factories import example_stdio_fields
 from tests.runtime.helpers import drive_until_idle, new_session, send
 from tests.support.model_server import text_reply, tool_call, tool_reply
 from tools_app.mcp.sync import add_server, refresh_server
 from tools_app.models import MCPServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
-EXAMPLE = [sys.executable, "-m", "tools_app.mcp.example_server"]
 
 
 def test_a_session_finds_loads_and_calls_an_mcp_tool(tenant_a, owner_a, model_config_a, model_server):
-    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, command=EXAMPLE[0], args=EXAMPLE[1:])
+    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, **example_stdio_fields())
     names = sorted(t.name for t in refresh_server(server).tools)
     assert "example__add" in names
     session = new_session(tenant_a, owner_a)
@@ -47,7 +46,7 @@ def test_a_session_finds_loads_and_calls_an_mcp_tool(tenant_a, owner_a, model_co
 def test_a_server_that_is_down_gives_a_clear_result_and_a_visible_status(
     tenant_a, owner_a, model_config_a, model_server
 ):
-    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, command=EXAMPLE[0], args=EXAMPLE[1:])
+    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, **example_stdio_fields())
     refresh_server(server)
     session = new_session(tenant_a, owner_a)
     from sessions_app.runtime import engine

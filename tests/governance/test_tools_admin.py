@@ -88,17 +88,10 @@ def test_a_server_that_is_down_shows_its_status_and_error_in_admin(owner_a_admin
 
 @pytest.mark.django_db
 def test_the_admin_action_refreshes_and_reports(owner_a_admin, tenant_a):
-    import sys
-
+    from tests.factories import example_stdio_fields
     from tools_app.mcp.sync import add_server
 
-    server = add_server(
-        tenant_a,
-        "example",
-        MCPServer.Transport.STDIO,
-        command=sys.executable,
-        args=["-m", "tools_app.mcp.example_server"],
-    )
+    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, **example_stdio_fields())
     response = owner_a_admin.post(
         f"{ADMIN}/mcpserver/", {"action": "test_and_refresh", "_selected_action": [server.pk]}, follow=True
     )

@@ -12,14 +12,17 @@ import subprocess
 import sys
 import time
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from approvals_app.choices import Risk, ToolSource
+from tests.factories import example_stdio_fields
 from tests.integration.processes import PROJECT_ROOT, free_port, running
 from tools_app.base import ToolContext, ToolError
 from tools_app.mcp.client import MCPError
+from tools_app.mcp.stdio import sandbox_python
 from tools_app.mcp.sync import add_server, refresh_server
 from tools_app.mcp.tool import MCPTool
 from tools_app.models import MCPServer, Readiness, Tool
@@ -64,7 +67,7 @@ def dead_url():
 
 @pytest.fixture
 def stdio_server(tenant_a):
-    return add_server(tenant_a, "example", MCPServer.Transport.STDIO, command=EXAMPLE[0], args=EXAMPLE[1:])
+    return add_server(tenant_a, "example", MCPServer.Transport.STDIO, **example_stdio_fields())
 
 
 @pytest.fixture
@@ -249,9 +252,7 @@ def test_a_secret_env_value_reaches_the_stdio_server(tenant_a, ctx_a):
         tenant_a,
         "authed",
         MCPServer.Transport.STDIO,
-        command=EXAMPLE[0],
-        args=EXAMPLE[1:],
-        env={"EXAMPLE_TOKEN": "{{secret:TOKEN}}"},
+        **example_stdio_fields(env={"EXAMPLE_TOKEN": "{{secret:TOKEN}}"}),
     )
     refresh_server(server)
 
@@ -283,7 +284,7 @@ def test_error_messages_never_carry_a_secret_value(tenant_a):
         tenant_a,
         "leaky",
         MCPServer.Transport.STDIO,
-        command=sys.executable,
+        command=sandbox_python(),
         args=["-c", leaky],
         env={"LEAK": "{{secret:TOKEN}}"},
     )
@@ -332,7 +333,7 @@ def test_a_stdio_server_that_exits_at_once(tenant_a, ctx_a):
         tenant_a,
         "quitter",
         MCPServer.Transport.STDIO,
-        command=sys.executable,
+        command=sandbox_python(),
         args=["-c", "raise SystemExit(3)"],
     )
     Tool.objects.create(
@@ -364,7 +365,7 @@ def test_a_stdio_server_that_never_answers_times_out(tenant_a):
         tenant_a,
         "sleeper",
         MCPServer.Transport.STDIO,
-        command=sys.executable,
+        command=sandbox_python(),
         args=["-c", "import time; time.sleep(60)"],
         timeout_seconds=1,
     )
@@ -475,19 +476,62 @@ def test_mcp_server_add_stdio_prints_the_tools(tenant_a):
     assert server.env == {"EXAMPLE_TOKEN": "{{secret:TOKEN}}"}
     assert out == "" and "Added MCP server example" in err
 
+    # --python-module fills in what runs a module of this project in the sandbox.
     out, _ = run_command(
-        "mcp_server",
-        "add",
-        "second",
-        "--tenant",
-        "acme",
-        "--command",
-        sys.executable,
-        "--arg=-m",
-        "--arg=tools_app.mcp.example_server",
+        "mcp_server", "add", "second", "--tenant", "acme", "--python-module", "tools_app.mcp.example_server"
     )
 
     assert sorted(out.split()) == sorted(f"second__{name}" for name in EXAMPLE_TOOLS)
+    second = MCPServer.objects.for_tenant(tenant_a).get(name="second")
+    expected = example_stdio_fields()
+    assert (second.command, second.args, second.env, second.sandbox_read_paths) == (
+        expected["command"],
+        expected["args"],
+        expected["env"],
+        expected["sandbox_read_paths"],
+    )
+    assert not second.network_enabled
+
+
+@pytest.mark.django_db
+def test_mcp_server_add_records_the_sandbox_options_and_refuses_unsafe_read_paths(tenant_a, settings):
+    run_command(
+        "mcp_server",
+        "add",
+        "fetcher",
+        "--tenant",
+        "acme",
+        "--command",
+        "/usr/bin/env",
+        "--network",
+        "--read-path",
+        "/usr/share/zoneinfo",
+        "--no-refresh",
+    )
+    server = MCPServer.objects.for_tenant(tenant_a).get(name="fetcher")
+    assert server.network_enabled and server.sandbox_read_paths == ["/usr/share/zoneinfo"]
+    assert server.configured_by_operator
+
+    settings.XAGENT_WORKSPACES_DIR = Path("/srv/xagent/workspaces")
+    settings.XAGENT_MCP_SERVERS_DIR = Path("/srv/xagent/mcp-servers")
+    for path, why in [
+        ("/", "whole host"),
+        (str(settings.BASE_DIR), "product data"),  # holds var/ (the database, workspaces)
+        (str(settings.BASE_DIR / "var"), "product data"),
+        (str(settings.XAGENT_WORKSPACES_DIR), "product data"),
+        (str(settings.XAGENT_MCP_SERVERS_DIR / "1"), "product data"),  # other servers' directories
+        ("/proc/1", "sandbox provides itself"),
+        ("relative/path", "absolute"),
+        ("/usr/../etc", "normalized"),
+        ("/nonexistent/dir", "does not exist"),
+    ]:
+        with pytest.raises(CommandError, match=why):
+            run_command(
+                "mcp_server", "add", "bad", "--tenant", "acme", "--command", "srv", "--read-path", path
+            )
+    with pytest.raises(CommandError, match="belong to a stdio server"):
+        run_command("mcp_server", "add", "bad", "--tenant", "acme", "--url", "https://h/mcp", "--network")
+    assert not MCPServer.objects.filter(name="bad").exists()
 
 
 @pytest.mark.django_db

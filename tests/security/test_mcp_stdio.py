@@ -11,21 +11,26 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 
 import pytest
 from django.apps import apps
 from django.core.management import call_command
 from django.utils.html import escape
 
+from tests.factories import example_stdio_fields
 from tools_app.mcp.client import MCPError, connection_for
-from tools_app.mcp.sync import STDIO_NOT_APPROVED, STDIO_OPERATOR_ONLY, add_server, refresh_server
+from tools_app.mcp.sync import (
+    STDIO_NOT_APPROVED,
+    STDIO_OPERATOR_ONLY,
+    add_server,
+    refresh_server,
+    save_server,
+)
 from tools_app.models import MCPServer, Tool
 
 pytestmark = pytest.mark.django_db
 
 ADMIN = "/admin/tools_app/mcpserver"
-EXAMPLE = [sys.executable, "-m", "tools_app.mcp.example_server"]
 
 
 @pytest.fixture
@@ -73,7 +78,7 @@ def test_a_tenant_owner_cannot_add_a_stdio_server_in_admin(owner_a_admin, tenant
 
 
 def test_a_forged_post_cannot_change_an_operators_stdio_command(owner_a_admin, tenant_a, marker):
-    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, command=EXAMPLE[0], args=EXAMPLE[1:])
+    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, **example_stdio_fields())
     assert server.configured_by_operator
 
     response = owner_a_admin.post(
@@ -83,7 +88,10 @@ def test_a_forged_post_cannot_change_an_operators_stdio_command(owner_a_admin, t
     assert response.status_code == 200
     server.refresh_from_db()
     # The forged command fields were ignored (read-only); the operator's command stands.
-    assert (server.command, server.args) == (EXAMPLE[0], EXAMPLE[1:])
+    assert (server.command, server.args) == (
+        example_stdio_fields()["command"],
+        example_stdio_fields()["args"],
+    )
     assert server.configured_by_operator
     refresh_server(server)
     assert not marker.exists()
@@ -117,7 +125,7 @@ def test_the_refresh_action_never_starts_a_command_no_operator_set(owner_a_admin
 
 def test_a_tenant_change_of_an_operator_command_voids_the_approval(tenant_a, marker):
     """Model layer: any save that is not an operator's and changes the command clears the flag."""
-    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, command=EXAMPLE[0], args=EXAMPLE[1:])
+    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, **example_stdio_fields())
     server = MCPServer.objects.get(pk=server.pk)
     server.command, server.args = "/bin/sh", touch_args(marker)
     server.save()
@@ -132,7 +140,7 @@ def test_a_tenant_change_of_an_operator_command_voids_the_approval(tenant_a, mar
 
 
 def test_a_tenant_owner_may_disable_and_enable_an_operators_stdio_server(owner_a_admin, tenant_a):
-    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, command=EXAMPLE[0], args=EXAMPLE[1:])
+    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, **example_stdio_fields())
     form = {"tenant": tenant_a.pk, "name": "example", "url": "", "headers": "{}", "timeout_seconds": 30}
 
     owner_a_admin.post(f"{ADMIN}/{server.pk}/change/", form)  # "enabled" unchecked
@@ -183,16 +191,25 @@ def test_the_migration_disables_tenant_stdio_servers_with_a_reason(owner_a_admin
     assert not marker.exists()
 
 
+def example_form() -> dict:
+    """The stdio fields an operator enters in admin to run the example server in the sandbox."""
+    example = example_stdio_fields()
+    return {
+        "transport": "stdio",
+        "command": example["command"],
+        "args": json.dumps(example["args"]),
+        "env": json.dumps(example["env"]),
+        "sandbox_read_paths": json.dumps(example["sandbox_read_paths"]),
+    }
+
+
 def test_an_operator_adds_and_runs_a_stdio_server_in_admin(operator_admin, tenant_a):
     response = operator_admin.post(
         f"{ADMIN}/add/",
         {
             "tenant": tenant_a.pk,
             "name": "example",
-            "transport": "stdio",
-            "command": EXAMPLE[0],
-            "args": json.dumps(EXAMPLE[1:]),
-            "env": "{}",
+            **example_form(),
             "url": "",
             "headers": "{}",
             "timeout_seconds": 30,
@@ -212,8 +229,8 @@ def test_an_operators_save_re_enables_a_disabled_legacy_server(operator_admin, t
         tenant=tenant_a,
         name="legacy",
         transport="stdio",
-        command=EXAMPLE[0],
-        args=EXAMPLE[1:],
+        command="/usr/bin/python3",
+        args=["-m", "tools_app.mcp.example_server"],
         enabled=False,
         disabled_reason="Disabled by a security update",
     )
@@ -222,10 +239,7 @@ def test_an_operators_save_re_enables_a_disabled_legacy_server(operator_admin, t
         {
             "tenant": tenant_a.pk,
             "name": "legacy",
-            "transport": "stdio",
-            "command": EXAMPLE[0],
-            "args": json.dumps(EXAMPLE[1:]),
-            "env": "{}",
+            **example_form(),
             "url": "",
             "headers": "{}",
             "timeout_seconds": 30,
@@ -244,10 +258,7 @@ def test_manage_py_mcp_server_add_is_an_operator_path(tenant_a, capsys):
         "example",
         "--tenant",
         tenant_a.slug,
-        "--command",
-        EXAMPLE[0],
-        "--arg=-m",
-        "--arg",
+        "--python-module",
         "tools_app.mcp.example_server",
     )
     server = MCPServer.objects.get(tenant=tenant_a, name="example")
@@ -267,3 +278,83 @@ def test_the_owner_operation_refuses_a_tenant_stdio_server(tenant_a, marker):
         )
     assert not MCPServer.objects.exists()
     assert not marker.exists()
+
+
+# --- the sandbox of a stdio server is the operator's too (issue #14) ---------------------------
+
+
+def test_a_tenant_owner_cannot_open_the_network_or_read_paths_in_admin(owner_a_admin, tenant_a):
+    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, **example_stdio_fields())
+    read_paths = list(server.sandbox_read_paths)
+
+    page = owner_a_admin.get(f"{ADMIN}/{server.pk}/change/").content.decode()
+    assert 'name="network_enabled"' not in page and 'name="sandbox_read_paths"' not in page
+
+    owner_a_admin.post(
+        f"{ADMIN}/{server.pk}/change/",
+        {
+            "tenant": tenant_a.pk,
+            "name": "example",
+            "url": "",
+            "headers": "{}",
+            "timeout_seconds": 30,
+            "enabled": "on",
+            "network_enabled": "on",
+            "sandbox_read_paths": json.dumps(["/", "/etc"]),
+        },
+    )
+
+    server.refresh_from_db()
+    assert not server.network_enabled and server.sandbox_read_paths == read_paths
+    assert server.configured_by_operator and server.enabled
+
+
+def test_a_tenant_change_of_the_network_or_read_paths_voids_the_approval(tenant_a):
+    for change in ({"network_enabled": True}, {"sandbox_read_paths": ["/usr/share"]}):
+        server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, **example_stdio_fields())
+        server = MCPServer.objects.get(pk=server.pk)
+        for name, value in change.items():
+            setattr(server, name, value)
+
+        with pytest.raises(ValueError, match="network or read-only paths"):
+            save_server(server, by_operator=False)  # the owner operation refuses...
+        server.save()  # ...and any other save drops the operator's approval
+        server.refresh_from_db()
+        assert not server.configured_by_operator
+        with pytest.raises(MCPError, match="only an operator"):
+            connection_for(server, {})
+        server.delete()
+
+
+def test_sandbox_options_belong_to_stdio_servers_only(tenant_a):
+    for options in ({"network_enabled": True}, {"sandbox_read_paths": ["/usr/share"]}):
+        with pytest.raises(ValueError, match="belong to a stdio MCP server"):
+            add_server(
+                tenant_a,
+                "remote",
+                "streamable_http",
+                url="https://mcp.example.com/mcp",
+                by_operator=False,
+                **options,
+            )
+    assert not MCPServer.objects.exists()
+
+
+def test_an_operator_cannot_show_a_server_product_data_in_admin(operator_admin, tenant_a, settings):
+    response = operator_admin.post(
+        f"{ADMIN}/add/",
+        {
+            "tenant": tenant_a.pk,
+            "name": "nosy",
+            **example_form(),
+            "sandbox_read_paths": json.dumps([str(settings.BASE_DIR)]),
+            "url": "",
+            "headers": "{}",
+            "timeout_seconds": 30,
+            "enabled": "on",
+        },
+    )
+
+    assert response.status_code == 200
+    assert "would show the server product data" in response.content.decode()
+    assert not MCPServer.objects.filter(name="nosy").exists()
