@@ -21,7 +21,9 @@ This module owns three facts:
   itself: it holds `var/` (the database, every tenant's workspace).
 
 The network comes from `MCPServer.network_enabled` (operator-only) and nothing else; limits
-come from the tenant's default SandboxPolicy, as for `shell_exec`.
+come from the tenant's default SandboxPolicy, as for `shell_exec` (its CPU, memory, process and
+file-size limits and its fallback; not its `network`, which a tenant admin may edit, nor its
+`filesystem` mode and wall-clock limit, which are about a Session workspace and one command).
 """
 
 from __future__ import annotations
