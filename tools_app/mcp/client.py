@@ -9,8 +9,9 @@ out as one `MCPError` whose message is a human sentence naming the server and wh
 Messages never carry tracebacks, and any secret value injected into the connection is masked.
 
 Trust boundary (ARCHITECTURE §7): a stdio server is started only if an operator configured it,
-and only inside the process sandbox (`tools_app.mcp.stdio`, `tools_app.sandbox.server`); a tenant-set HTTP server is reached only through the outbound guard (`tools_app.net`); for
-such a `guarded` connection, messages never repeat what the target answered.
+and only inside the process sandbox (`tools_app.mcp.stdio`, `tools_app.sandbox.server`); a
+tenant-set HTTP server is reached only through the outbound guard (`tools_app.net`); for such a
+`guarded` connection, messages never repeat what the target answered.
 """
 
 from __future__ import annotations
