@@ -393,6 +393,14 @@ XAGENT_RECALL_PARALLEL = _read("XAGENT_RECALL_PARALLEL", env.bool, False)
 # model base URLs) may not reach loopback, link-local, private, multicast or metadata addresses
 # unless the operator lists the host here ("host" or "host:port", comma-separated).
 XAGENT_OUTBOUND_ALLOWED_HOSTS = _read("XAGENT_OUTBOUND_ALLOWED_HOSTS", env.list, [])
+# The address people reach this workspace at (scheme://host[:port]). It makes the OAuth
+# redirect URI registered with MCP servers' authorization servers (<this>/mcp/oauth/callback/);
+# unset, the address an admin's browser used for Connect is taken.
+XAGENT_PUBLIC_URL = _read("XAGENT_PUBLIC_URL", env.str, "").rstrip("/")
+if XAGENT_PUBLIC_URL and not XAGENT_PUBLIC_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(
+        f"Invalid value for environment variable XAGENT_PUBLIC_URL: {XAGENT_PUBLIC_URL!r} is not an http(s) URL"
+    )
 XAGENT_WORKSPACES_DIR = Path(_read("XAGENT_WORKSPACES_DIR", env.str, str(VAR_DIR / "workspaces")))
 # stdio MCP servers run sandboxed, each with its own directory <this>/<tenant id>/<server id>
 # (its working directory and HOME). Like the workspaces root, its parents must be searchable

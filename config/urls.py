@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from tools_app import views as tools_views
+
 from . import views
 
 admin.site.site_header = "xAgent workspace admin"
@@ -19,6 +21,7 @@ api_v1 = [
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    path("mcp/oauth/callback/", tools_views.oauth_callback, name="mcp_oauth_callback"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include(api_v1)),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

@@ -66,6 +66,13 @@ class MCPServerForm(forms.ModelForm):
     url = forms.URLField(
         required=False, max_length=500, assume_scheme="https", help_text="Streamable HTTP endpoint"
     )
+    oauth_client_secret = forms.CharField(
+        widget=forms.PasswordInput(render_value=False),
+        required=False,
+        label="OAuth client secret",
+        help_text="Pre-registered or client-credentials clients. Write-only: stored encrypted and never "
+        "shown again. Leave empty to keep the current value.",
+    )
 
     class Meta:
         model = MCPServer
@@ -82,6 +89,13 @@ class MCPServerForm(forms.ModelForm):
             "headers",
             "timeout_seconds",
             "enabled",
+            "auth_mode",
+            "oauth_scopes",
+            "oauth_client_registration",
+            "oauth_client_metadata_url",
+            "oauth_client_id",
+            "oauth_token_endpoint_auth_method",
+            "oauth_issuer",
         ]
 
     def _post_clean(self):
@@ -107,6 +121,7 @@ class MCPServerAdmin(TenantScopedAdmin):
         "configured_by_operator",
         "network_enabled",
         "status",
+        "authorization",
         "last_refreshed_at",
         "short_error",
     ]
@@ -114,12 +129,86 @@ class MCPServerAdmin(TenantScopedAdmin):
     search_fields = ["name", "url", "command"]
     readonly_fields = [
         "status",
+        "authorization",
         "last_error",
         "last_refreshed_at",
         "disabled_reason",
         "configured_by_operator",
     ]
     actions = ["test_and_refresh"]
+    change_form_template = "admin/tools_app/mcpserver/change_form.html"
+
+    @admin.display(description="authorization")
+    def authorization(self, obj):
+        from .mcp.oauth import AuthorizationStatus, authorization_status
+
+        if obj is None or obj.pk is None:
+            return "-"
+        return AuthorizationStatus.LABELS[authorization_status(obj)]
+
+    def get_urls(self):
+        from django.urls import path
+
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "<path:object_id>/oauth/connect/",
+                wrap(self.oauth_connect),
+                name="tools_app_mcpserver_connect",
+            ),
+            path(
+                "<path:object_id>/oauth/revoke/", wrap(self.oauth_revoke), name="tools_app_mcpserver_revoke"
+            ),
+            *super().get_urls(),
+        ]
+
+    def _server_for_oauth(self, request, object_id):
+        """The server, if this admin may change it (another tenant's is a 404); POST only."""
+        from django.http import Http404
+
+        server = self.get_object(request, object_id)
+        if server is None or not self.has_change_permission(request, server):
+            raise Http404("No such MCP server.")
+        return server
+
+    def _back_to(self, server):
+        from django.shortcuts import redirect
+
+        return redirect("admin:tools_app_mcpserver_change", server.pk)
+
+    def oauth_connect(self, request, object_id):
+        """Connect: the authorization server's page for an admin (authorization code), or a token
+        fetched here (client credentials)."""
+        from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+
+        from .mcp.oauth import connect_server
+
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        server = self._server_for_oauth(request, object_id)
+        started = connect_server(server, request.user, base_url=request.build_absolute_uri("/"))
+        if started.authorization_url:
+            return HttpResponseRedirect(started.authorization_url)
+        self.message_user(request, started.message, level=messages.SUCCESS if started.ok else messages.ERROR)
+        return self._back_to(server)
+
+    def oauth_revoke(self, request, object_id):
+        from django.http import HttpResponseNotAllowed
+
+        from .mcp.oauth import do_revoke
+
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        server = self._server_for_oauth(request, object_id)
+        if do_revoke(server, request.user):
+            self.message_user(
+                request, f"{server.name}: authorization revoked; its stored tokens are deleted."
+            )
+        else:
+            self.message_user(
+                request, f"{server.name}: there was no stored authorization.", level=messages.WARNING
+            )
+        return self._back_to(server)
 
     def get_readonly_fields(self, request, obj=None):
         fields = list(self.readonly_fields)
@@ -136,6 +225,10 @@ class MCPServerAdmin(TenantScopedAdmin):
         return form
 
     def save_model(self, request, obj, form, change):
+        from .mcp.oauth import set_client_secret
+
+        if form.cleaned_data.get("oauth_client_secret"):
+            set_client_secret(obj, form.cleaned_data["oauth_client_secret"])
         save_server(obj, by_operator=request.user.is_superuser)
 
     @admin.display(description="last error")

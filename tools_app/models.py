@@ -8,6 +8,7 @@ means "this tenant's rows plus the global ones".
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
@@ -118,6 +119,48 @@ class MCPServer(OperatorConfigured, TenantOwnedModel):
     last_refreshed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    # --- authorization (Streamable HTTP only; mcp/oauth.py owns the OAuth flows) ---
+    class AuthMode(models.TextChoices):
+        NONE = "none", "None"
+        HEADERS = "headers", "Static headers (an Authorization header in Headers)"
+        OAUTH = "oauth", "OAuth: authorization code + PKCE (an admin connects it)"
+        CLIENT_CREDENTIALS = "client_credentials", "OAuth: client credentials (machine to machine)"
+
+    class ClientRegistration(models.TextChoices):
+        DYNAMIC = "dynamic", "Dynamic client registration"
+        METADATA_DOCUMENT = "metadata_document", "Client ID metadata document (URL)"
+        PRE_REGISTERED = "pre_registered", "Pre-registered client ID (and secret)"
+
+    class TokenEndpointAuth(models.TextChoices):
+        CLIENT_SECRET_BASIC = "client_secret_basic", "client_secret_basic"
+        CLIENT_SECRET_POST = "client_secret_post", "client_secret_post"
+        NONE = "none", "none (public client)"
+
+    auth_mode = models.CharField(max_length=20, choices=AuthMode.choices, default=AuthMode.NONE)
+    oauth_scopes = models.CharField(
+        max_length=500, blank=True, help_text="Space-separated; empty: the scopes the server asks for."
+    )
+    oauth_client_registration = models.CharField(
+        max_length=20, choices=ClientRegistration.choices, default=ClientRegistration.DYNAMIC
+    )
+    oauth_client_metadata_url = models.URLField(
+        max_length=500,
+        blank=True,
+        help_text="Client ID metadata document: an https URL used as the client_id.",
+    )
+    oauth_client_id = models.CharField(max_length=300, blank=True, help_text="Pre-registered client ID.")
+    # Encrypted (tenancy_app.crypto); set through the admin's write-only field, never shown.
+    oauth_client_secret_encrypted = models.TextField(blank=True, editable=False)
+    oauth_token_endpoint_auth_method = models.CharField(
+        max_length=20, choices=TokenEndpointAuth.choices, default=TokenEndpointAuth.CLIENT_SECRET_BASIC
+    )
+    oauth_issuer = models.URLField(
+        max_length=500,
+        blank=True,
+        help_text="Client credentials: the authorization server the client secret belongs to "
+        "(recommended: the secret is then sent only there).",
+    )
+
     class Meta:
         ordering = ["name"]
         verbose_name = "MCP server"
@@ -129,6 +172,39 @@ class MCPServer(OperatorConfigured, TenantOwnedModel):
     @property
     def is_stdio(self) -> bool:
         return self.transport == self.Transport.STDIO
+
+    @property
+    def uses_oauth(self) -> bool:
+        return self.transport == self.Transport.STREAMABLE_HTTP and self.auth_mode in (
+            self.AuthMode.OAUTH,
+            self.AuthMode.CLIENT_CREDENTIALS,
+        )
+
+    def clean(self):
+        super().clean()
+        if self.auth_mode != self.AuthMode.NONE and self.transport != self.Transport.STREAMABLE_HTTP:
+            raise ValidationError({"auth_mode": "Authorization applies to Streamable HTTP servers only."})
+        has_authorization_header = any(str(k).lower() == "authorization" for k in (self.headers or {}))
+        if self.uses_oauth and has_authorization_header:
+            raise ValidationError(
+                {"headers": "An OAuth server gets its Authorization header from its tokens: remove it here."}
+            )
+        if self.auth_mode == self.AuthMode.CLIENT_CREDENTIALS and not self.oauth_client_id:
+            raise ValidationError({"oauth_client_id": "Client credentials need a client ID (and secret)."})
+        if (
+            self.auth_mode == self.AuthMode.OAUTH
+            and self.oauth_client_registration == self.ClientRegistration.PRE_REGISTERED
+            and not self.oauth_client_id
+        ):
+            raise ValidationError({"oauth_client_id": "A pre-registered client needs its client ID."})
+        if (
+            self.auth_mode == self.AuthMode.OAUTH
+            and self.oauth_client_registration == self.ClientRegistration.METADATA_DOCUMENT
+            and not self.oauth_client_metadata_url.startswith("https://")
+        ):
+            raise ValidationError(
+                {"oauth_client_metadata_url": "A client ID metadata document needs an https:// URL."}
+            )
 
 
 class ToolSet(TenantOrGlobalModel):
@@ -268,3 +344,62 @@ class Secret(TenantOwnedModel):
 
     def __str__(self) -> str:
         return self.name
+
+
+class MCPOAuthGrant(TenantOwnedModel):
+    """What an authorization server granted this tenant for one MCP server: tokens and the
+    registered client, encrypted at rest (tenancy_app.crypto), never shown in admin or API.
+
+    Written only by `tools_app.mcp.oauth`. `consent_version` changes when the authorization
+    does (connected, revoked, consent lost): it is the `auth_key` of connections. A token
+    refresh does not change it (same consent), it bumps `token_version` instead, which
+    compare-and-set writes check so a stale writer cannot undo a newer one.
+    """
+
+    server = models.OneToOneField(MCPServer, on_delete=models.CASCADE, related_name="oauth_grant")
+    tokens_encrypted = models.TextField(blank=True)
+    client_info_encrypted = models.TextField(blank=True)
+    # Not secret, kept in clear for the status column.
+    expires_at = models.DateTimeField(null=True, blank=True)
+    has_refresh_token = models.BooleanField(default=False)
+    consent_version = models.PositiveIntegerField(default=0)
+    token_version = models.PositiveIntegerField(default=0)
+    connected_at = models.DateTimeField(null=True, blank=True)
+    connected_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Why the tokens were dropped (revoked by an admin, refused by the authorization server).
+    lost_reason = models.CharField(max_length=300, blank=True)
+    # One process refreshes at a time (across workers): the holder's lease ends here.
+    refresh_lease_until = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "MCP OAuth grant"
+
+
+class MCPOAuthAttempt(TenantOwnedModel):
+    """One admin's "Connect", from the authorization URL to the callback, keyed by its `state`.
+
+    The callback view (any web process) stores the code here; the flow's thread (in the
+    process that started it) waits for it. Expired or finished attempts are useless.
+    """
+
+    class Status(models.TextChoices):
+        WAITING = "waiting", "Waiting for the callback"
+        CODE_RECEIVED = "code_received", "Code received"
+        CONNECTED = "connected", "Connected"
+        FAILED = "failed", "Failed"
+
+    state = models.CharField(max_length=200, unique=True)
+    server = models.ForeignKey(MCPServer, on_delete=models.CASCADE, related_name="+")
+    started_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    status = models.CharField(max_length=15, choices=Status.choices, default=Status.WAITING)
+    code_encrypted = models.TextField(blank=True)
+    iss = models.CharField(max_length=500, blank=True)
+    outcome = models.CharField(max_length=500, blank=True, help_text="How it went, in a sentence.")
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "MCP OAuth attempt"

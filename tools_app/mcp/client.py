@@ -51,10 +51,17 @@ STDERR_TAIL_CHARS = 300
 CLIENT_INFO = Implementation(name="xagent-workspace", version="0.1.0")
 
 T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
 
 
 class MCPError(Exception):
     """An MCP operation failed; `str(error)` is a sentence fit for an admin or a model."""
+
+
+class AuthorizationRequired(MCPError):
+    """The server needs a person's authorization (OAuth consent) that this call cannot get;
+    the message names who can give it. Raised before connecting, or by the OAuth provider's
+    redirect handler mid-connection, which ends the call at once."""
 
 
 @dataclass(frozen=True)
@@ -164,14 +171,19 @@ def connection_for(server, secrets: dict[str, str]) -> Connection:
             sandbox=sandbox,
         )
     if server.transport == STREAMABLE_HTTP:
+        from .oauth import oauth_for  # models live there; this module stays usable without them
+
+        auth, auth_key = oauth_for(server)
         return Connection(
             server_name=server.name,
             transport=STREAMABLE_HTTP,
             url=server.url,
             headers=headers,
             timeout=timeout,
-            secret_values=tuple(secrets.values()),
+            secret_values=tuple(secrets.values()) + tuple(getattr(auth, "redact_values", ())),
             guarded=not server.configured_by_operator,
+            auth=auth,
+            auth_key=auth_key,
         )
     raise MCPError(f"MCP server {server.name!r} has an unknown transport {server.transport!r}.")
 
@@ -360,6 +372,9 @@ def _run(
         except MCPError:
             raise
         except Exception as exc:  # every failure becomes one sentence
+            needed = _found_in(exc, AuthorizationRequired)
+            if needed is not None:
+                raise AuthorizationRequired(redactor.redact(str(needed))) from None
             refused = guard.refusals[0] if guard is not None and guard.refusals else refusal_in(exc)
             if refused is not None:
                 where = f"{conn.label} at {_public_url(conn.url)}"
@@ -423,6 +438,23 @@ def _run_coroutine(factory: Callable[[], Awaitable[T]]) -> T:
         return asyncio.run(factory())
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcp") as pool:
         return pool.submit(lambda: asyncio.run(factory())).result()
+
+
+def _found_in(exc: BaseException, kind: type[E]) -> E | None:
+    """The `kind` exception behind `exc` (through exception groups, causes and contexts), if any."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, kind):
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            stack.extend(current.exceptions)
+        stack.extend([current.__cause__, current.__context__])
+    return None
 
 
 def _leaf(exc: BaseException) -> BaseException:

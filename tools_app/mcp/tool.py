@@ -13,7 +13,7 @@ from tools_app.base import Tool, ToolContext, ToolError, ToolResult
 from tools_app.models import MCPServer
 from tools_app.secrets import tenant_secret_values
 
-from .client import MCPError, call_tool, connection_for
+from .client import AuthorizationRequired, MCPError, call_tool, connection_for
 from .sync import record_server_error, record_server_ok
 
 SUMMARY_CHARS = 160
@@ -79,7 +79,9 @@ class MCPTool(Tool):
             # One failed call says the server is in trouble, not that its tools are gone:
             # they stay offered until a refresh finds out.
             record_server_error(server, str(exc), tools_unavailable=False)
-            raise ToolError(str(exc), code="mcp_error", stage="runtime") from None
+            # A missing OAuth consent is not the model's to fix: the message names who can.
+            code = "mcp_authorization_required" if isinstance(exc, AuthorizationRequired) else "mcp_error"
+            raise ToolError(str(exc), code=code, stage="runtime") from None
         record_server_ok(server)
         where = f"{server.name}:{self.remote_name}"
         first_line = remote.text.strip().split("\n", 1)[0] if remote.text.strip() else ""
