@@ -66,6 +66,20 @@ class MCPServerForm(forms.ModelForm):
     url = forms.URLField(
         required=False, max_length=500, assume_scheme="https", help_text="Streamable HTTP endpoint"
     )
+    oauth_client_metadata_url = forms.URLField(
+        required=False,
+        max_length=500,
+        assume_scheme="https",
+        label="OAuth client metadata URL",
+        help_text="Client ID metadata document: an https URL used as the client_id.",
+    )
+    oauth_issuer = forms.URLField(
+        required=False,
+        max_length=500,
+        assume_scheme="https",
+        label="OAuth issuer",
+        help_text=MCPServer._meta.get_field("oauth_issuer").help_text,
+    )
     oauth_client_secret = forms.CharField(
         widget=forms.PasswordInput(render_value=False),
         required=False,
@@ -97,6 +111,23 @@ class MCPServerForm(forms.ModelForm):
             "oauth_token_endpoint_auth_method",
             "oauth_issuer",
         ]
+
+    # Choices with a default: a form (or a hand-made POST) that leaves them out keeps today's
+    # behaviour (no OAuth) instead of failing.
+    DEFAULTED = ("auth_mode", "oauth_client_registration", "oauth_token_endpoint_auth_method")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in self.DEFAULTED:
+            if name in self.fields:
+                self.fields[name].required = False
+
+    def clean(self):
+        cleaned = super().clean()
+        for name in self.DEFAULTED:
+            if name in self.fields and not cleaned.get(name):
+                cleaned[name] = getattr(self.instance, name, None) or MCPServer._meta.get_field(name).default
+        return cleaned
 
     def _post_clean(self):
         super()._post_clean()  # the instance now carries the submitted values

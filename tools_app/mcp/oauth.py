@@ -481,8 +481,10 @@ def oauth_for(server: MCPServer):
 
     auth = _provider(server, storage, nobody_to_ask, no_callback)
     auth.redact_values = _known_secrets(server, grant)
-    version = grant.consent_version if grant is not None else 0
-    return auth, f"oauth:{server.auth_mode}:{server.pk}:{version}"
+    # The grant's id changes when it is dropped and made again, its consent version when an
+    # admin connects or revokes (or the consent is lost); a refresh changes neither.
+    key = f"oauth:{grant.pk}:{grant.consent_version}" if grant is not None else f"oauth:none:{server.pk}"
+    return auth, key
 
 
 # --- connecting (admin) ---------------------------------------------------------------------
@@ -745,6 +747,28 @@ def wait_for_outcome(attempt: MCPOAuthAttempt, seconds: float) -> MCPOAuthAttemp
 def set_client_secret(server: MCPServer, value: str) -> None:
     """Set (not save) the pre-registered client secret of `server`, encrypted."""
     server.oauth_client_secret_encrypted = encrypt(value)
+
+
+# Changing any of these points the grant at another server or client: it is dropped, so a
+# token is never sent where it was not issued for.
+GRANT_BOUND_FIELDS = (
+    "url",
+    "auth_mode",
+    "oauth_client_registration",
+    "oauth_client_metadata_url",
+    "oauth_client_id",
+    "oauth_client_secret_encrypted",
+    "oauth_issuer",
+)
+
+
+def forget_grant_if_moved(server: MCPServer) -> None:
+    """Before saving `server`: delete its grant if a field the grant is bound to changed."""
+    if server.pk is None:
+        return
+    stored = MCPServer.objects.filter(pk=server.pk).values(*GRANT_BOUND_FIELDS).first()
+    if stored is not None and any(stored[name] != getattr(server, name) for name in GRANT_BOUND_FIELDS):
+        MCPOAuthGrant.objects.filter(server_id=server.pk).delete()
 
 
 # --- revoking -------------------------------------------------------------------------------

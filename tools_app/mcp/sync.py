@@ -260,10 +260,13 @@ def save_server(server: MCPServer, *, by_operator: bool) -> MCPServer:
     An operator's save vouches for the server (and lifts a product-set `disabled_reason`);
     anyone else's change of its command or URL makes it a tenant-set server again.
     """
+    from .oauth import forget_grant_if_moved
+
     check_server_change(server, by_operator=by_operator)
     if by_operator:
         server.disabled_reason = ""
     with transaction.atomic():
+        forget_grant_if_moved(server)
         server.save(by_operator=by_operator)
     return server
 
