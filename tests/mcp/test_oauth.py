@@ -456,3 +456,48 @@ def test_a_server_without_oauth_is_not_used_and_needs_nothing(tenant_a, oauth_se
     assert conn.auth is None and conn.auth_key == ""
     with pytest.raises(Exception, match="401"):
         list_tools(conn)
+
+
+def test_an_expired_token_without_a_refresh_token_is_expired_and_fails_at_once(tenant_a):
+    from datetime import timedelta
+
+    from tenancy_app.crypto import encrypt
+
+    server = MCPServer.objects.create(
+        tenant=tenant_a,
+        name="remote",
+        transport="streamable_http",
+        url="https://mcp.example.com/mcp",
+        auth_mode="oauth",
+    )
+    MCPOAuthGrant.objects.create(
+        tenant=tenant_a,
+        server=server,
+        tokens_encrypted=encrypt('{"access_token": "at-old", "token_type": "Bearer", "expires_in": 60}'),
+        expires_at=timezone.now() - timedelta(seconds=1),
+        has_refresh_token=False,
+    )
+    assert authorization_status(server) == "expired"
+    with pytest.raises(AuthorizationRequired, match="expired authorization and no refresh token"):
+        connection_for(server, {})  # nothing is contacted: mcp.example.com is never resolved
+
+
+def test_oauth_settings_are_checked(tenant_a):
+    from django.core.exceptions import ValidationError
+
+    stdio = MCPServer(tenant=tenant_a, name="local", transport="stdio", command="x", auth_mode="oauth")
+    with pytest.raises(ValidationError, match="Streamable HTTP servers only"):
+        stdio.full_clean(validate_constraints=False)
+    http = MCPServer(
+        tenant=tenant_a,
+        name="remote",
+        transport="streamable_http",
+        url="https://mcp.example.com/mcp",
+        auth_mode="oauth",
+        headers={"Authorization": "Bearer x"},
+    )
+    with pytest.raises(ValidationError, match="gets its Authorization header from its tokens"):
+        http.full_clean(validate_constraints=False)
+    http.headers, http.auth_mode = {}, "client_credentials"
+    with pytest.raises(ValidationError, match="need a client ID"):
+        http.full_clean(validate_constraints=False)
