@@ -138,7 +138,9 @@ class MCPServer(OperatorConfigured, TenantOwnedModel):
 
     auth_mode = models.CharField(max_length=20, choices=AuthMode.choices, default=AuthMode.NONE)
     oauth_scopes = models.CharField(
-        max_length=500, blank=True, help_text="Space-separated; empty: the scopes the server asks for."
+        max_length=500,
+        blank=True,
+        help_text="Space-separated; used when the server names none (its challenge or metadata wins).",
     )
     oauth_client_registration = models.CharField(
         max_length=20, choices=ClientRegistration.choices, default=ClientRegistration.DYNAMIC

@@ -272,6 +272,23 @@ def test_an_admin_revokes_and_the_next_call_fails_at_once(tenant_a, owner_a, oau
     assert oauth_server.stats()["registrations"] == 1  # the registered client was kept
 
 
+def test_a_step_up_asks_for_an_admin_and_keeps_the_tokens(tenant_a, owner_a, oauth_server, tmp_path):
+    server = oauth_mcp_server(tenant_a, oauth_server.url)
+    browser = admin_browser(owner_a)
+    connect_through_the_callback(browser, server, oauth_server)
+    httpx2.post(f"{oauth_server.base}/test/require-scope", json={"scope": "mcp:admin"}).raise_for_status()
+    tool = MCPTool.from_row(Tool.objects.select_related("mcp_server").get(name="secured__echo"))
+    ctx = ToolContext(session_id="s-1", tenant_id=tenant_a.pk, workspace=tmp_path, port=None)
+
+    with pytest.raises(ToolError, match="asks for more permissions") as refused:
+        tool.run(ctx, {"text": "x"})
+
+    assert refused.value.code == "mcp_authorization_required"
+    assert authorization_status(server) == "connected"  # still good for what was granted
+    assert stored_tokens(server)["scope"] == "mcp:tools"
+    assert oauth_server.stats()["authorizations"] == 1  # nobody was sent anywhere
+
+
 def test_pointing_the_server_elsewhere_drops_its_tokens(tenant_a, owner_a, oauth_server):
     server = oauth_mcp_server(tenant_a, oauth_server.url)
     connect_through_the_callback(admin_browser(owner_a), server, oauth_server)

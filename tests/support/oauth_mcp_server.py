@@ -15,7 +15,8 @@ metadata) with a tiny token endpoint of its own for the `client_credentials` gra
 SDK's authorization server does not implement; client_secret_basic and client_secret_post.
 
 Test-only routes: `POST /test/revoke-all` kills every token (a consent withdrawn on the
-server's side); `POST /test/reset` forgets everything (clients too), so one process serves a
+server's side); `POST /test/require-scope {"scope": ...}` makes /mcp ask for one more scope
+(403 insufficient_scope, a step-up); `POST /test/reset` forgets everything (clients too), so one process serves a
 whole test module; `GET /test/stats` counts registrations, authorizations and token grants.
 Separate process, no Django.
 """
@@ -43,6 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 SCOPE = "mcp:tools"
+SCOPES = [SCOPE, "mcp:admin"]  # mcp:admin is asked for only after /test/require-scope
 STATS = {"registrations": 0, "authorizations": 0, "code_grants": 0, "refresh_grants": 0, "cc_grants": 0}
 
 
@@ -61,6 +63,8 @@ class AutoApproveProvider:
 
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:
         STATS["registrations"] += 1
+        # The client may later ask for any scope this server knows (a step-up needs no new registration).
+        client_info.scope = " ".join(SCOPES)
         self.clients[client_info.client_id] = client_info
 
     async def authorize(self, client: OAuthClientInformationFull, params: AuthorizationParams) -> str:
@@ -149,7 +153,7 @@ def build(port: int, token_seconds: int, client_credentials: str = "") -> MCPSer
         required_scopes=[SCOPE],
         validate_token_resource=False,
         client_registration_options=ClientRegistrationOptions(
-            enabled=True, valid_scopes=[SCOPE], default_scopes=[SCOPE]
+            enabled=True, valid_scopes=SCOPES, default_scopes=[SCOPE]
         ),
         revocation_options=RevocationOptions(enabled=True),
     )
@@ -170,8 +174,17 @@ def build(port: int, token_seconds: int, client_credentials: str = "") -> MCPSer
         provider.revoke_all()
         return JSONResponse({"revoked": True})
 
+    @server.custom_route("/test/require-scope", methods=["POST"])
+    async def require_scope(request: Request) -> JSONResponse:
+        # The bearer middleware holds this very list: tokens without the scope now get a 403
+        # insufficient_scope (a step-up), as when a server starts asking for more.
+        scope = (await request.json())["scope"]
+        auth.required_scopes.append(scope)
+        return JSONResponse({"required": auth.required_scopes})
+
     @server.custom_route("/test/reset", methods=["POST"])
     async def reset(request: Request) -> JSONResponse:
+        del auth.required_scopes[1:]
         provider.clients.clear()
         provider.codes.clear()
         provider.revoke_all()

@@ -42,6 +42,7 @@ from django.utils import timezone
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.auth.exceptions import OAuthFlowError, OAuthRegistrationError, OAuthTokenError
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+from mcp.client.auth.utils import extract_field_from_www_auth
 from mcp.shared.auth import (
     AuthorizationCodeResult,
     OAuthClientInformationFull,
@@ -331,6 +332,27 @@ class _StoredGrant:
 
     storage: GrantStorage
     _holds_lease = False
+    # The server's last answer to the request being authorized asked for more scope.
+    asked_for_more_scope = False
+
+    async def _auth_flow(self, request: httpx2.Request):
+        """The SDK's flow, noting a step-up (403 insufficient_scope): it needs a new consent like
+        a refused token does, but the tokens held stay good for what they were granted."""
+        flow = super()._auth_flow(request)
+        try:
+            outgoing = await flow.__anext__()
+            while True:
+                response = yield outgoing
+                if outgoing is request:
+                    self.asked_for_more_scope = (
+                        response.status_code == 403
+                        and extract_field_from_www_auth(response, "error") == "insufficient_scope"
+                    )
+                outgoing = await flow.asend(response)
+        except StopAsyncIteration:
+            return
+        finally:
+            await flow.aclose()
 
     def _set_expiry_from_storage(self) -> None:
         expires_at = self.storage.expires_at
@@ -471,6 +493,10 @@ def oauth_for(server: MCPServer):
     storage = GrantStorage(server)
 
     async def nobody_to_ask(authorization_url: str) -> None:
+        if auth.asked_for_more_scope:
+            raise AuthorizationRequired(
+                needs_admin(server, "asks for more permissions (scopes) than were granted")
+            )
         # The stored authorization did not hold (refused token, refused refresh): drop it, so
         # the status says so, and end the call now.
         await storage.mark_consent_lost("the authorization server no longer accepts it")

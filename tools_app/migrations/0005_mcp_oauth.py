@@ -74,7 +74,7 @@ class Migration(migrations.Migration):
             name="oauth_scopes",
             field=models.CharField(
                 blank=True,
-                help_text="Space-separated; empty: the scopes the server asks for.",
+                help_text="Space-separated; used when the server names none (its challenge or metadata wins).",
                 max_length=500,
             ),
         ),
