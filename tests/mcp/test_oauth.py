@@ -272,6 +272,41 @@ def test_an_admin_revokes_and_the_next_call_fails_at_once(tenant_a, owner_a, oau
     assert oauth_server.stats()["registrations"] == 1  # the registered client was kept
 
 
+@pytest.mark.parametrize("method", ["client_secret_basic", "client_secret_post", "none"])
+def test_a_pre_registered_client_connects_with_its_token_endpoint_auth_method(
+    tenant_a, owner_a, oauth_server, tmp_path, method
+):
+    secret = "" if method == "none" else f"pre-secret-{method}"
+    httpx2.post(
+        f"{oauth_server.base}/test/pre-register",
+        json={
+            "client_id": "pre-registered",
+            "client_secret": secret,
+            "token_endpoint_auth_method": method,
+            "redirect_uri": "http://testserver/mcp/oauth/callback/",
+        },
+    ).raise_for_status()
+    server = oauth_mcp_server(
+        tenant_a,
+        oauth_server.url,
+        oauth_client_registration=MCPServer.ClientRegistration.PRE_REGISTERED,
+        oauth_client_id="pre-registered",
+        oauth_token_endpoint_auth_method=method,
+        client_secret=secret,
+    )
+
+    connect_through_the_callback(admin_browser(owner_a), server, oauth_server)
+
+    assert authorization_status(server) == "connected"
+    stats = oauth_server.stats()
+    assert (stats["registrations"], stats["code_grants"]) == (0, 1)
+    wait_for_expiry(server)  # the refresh authenticates the same way
+    ctx = ToolContext(session_id="s-1", tenant_id=tenant_a.pk, workspace=tmp_path, port=None)
+    tool = MCPTool.from_row(Tool.objects.select_related("mcp_server").get(name="secured__echo"))
+    assert tool.run(ctx, {"text": method}).content == f"echo: {method}"
+    assert oauth_server.stats()["refresh_grants"] == 1
+
+
 def test_a_step_up_asks_for_an_admin_and_keeps_the_tokens(tenant_a, owner_a, oauth_server, tmp_path):
     server = oauth_mcp_server(tenant_a, oauth_server.url)
     browser = admin_browser(owner_a)

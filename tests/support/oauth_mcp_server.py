@@ -16,7 +16,8 @@ SDK's authorization server does not implement; client_secret_basic and client_se
 
 Test-only routes: `POST /test/revoke-all` kills every token (a consent withdrawn on the
 server's side); `POST /test/require-scope {"scope": ...}` makes /mcp ask for one more scope
-(403 insufficient_scope, a step-up); `POST /test/reset` forgets everything (clients too), so one process serves a
+(403 insufficient_scope, a step-up); `POST /test/pre-register` adds a client as an operator
+would out of band; `POST /test/reset` forgets everything (clients too), so one process serves a
 whole test module; `GET /test/stats` counts registrations, authorizations and token grants.
 Separate process, no Django.
 """
@@ -173,6 +174,20 @@ def build(port: int, token_seconds: int, client_credentials: str = "") -> MCPSer
     async def revoke_all(request: Request) -> JSONResponse:
         provider.revoke_all()
         return JSONResponse({"revoked": True})
+
+    @server.custom_route("/test/pre-register", methods=["POST"])
+    async def pre_register(request: Request) -> JSONResponse:
+        # A client an operator registered out of band (no dynamic registration).
+        body = await request.json()
+        provider.clients[body["client_id"]] = OAuthClientInformationFull(
+            client_id=body["client_id"],
+            client_secret=body.get("client_secret") or None,
+            token_endpoint_auth_method=body["token_endpoint_auth_method"],
+            redirect_uris=[body["redirect_uri"]],
+            grant_types=["authorization_code", "refresh_token"],
+            scope=" ".join(SCOPES),
+        )
+        return JSONResponse({"registered": body["client_id"]})
 
     @server.custom_route("/test/require-scope", methods=["POST"])
     async def require_scope(request: Request) -> JSONResponse:
