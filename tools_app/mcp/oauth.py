@@ -484,9 +484,8 @@ def oauth_for(server: MCPServer):
     grant = MCPOAuthGrant.objects.for_tenant(server.tenant_id).filter(server_id=server.pk).first()
     status = authorization_status(server, grant)
     if status == AuthorizationStatus.NEEDS_CONSENT and server.auth_mode == MCPServer.AuthMode.OAUTH:
-        why = "was revoked" if grant is not None and grant.lost_reason else "is not connected"
-        if grant is not None and grant.lost_reason:
-            why = f"lost its authorization ({grant.lost_reason})"
+        lost = grant.lost_reason if grant is not None else ""
+        why = f"lost its authorization ({lost})" if lost else "is not connected"
         raise AuthorizationRequired(needs_admin(server, why))
     if status == AuthorizationStatus.EXPIRED:
         raise AuthorizationRequired(needs_admin(server, "has an expired authorization and no refresh token"))
