@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("tenancy_app", "0003_tenant_auto_resume_after_recovery"),
-        ("tools_app", "0004_fs_write_is_idempotent"),
+        ("tools_app", "0005_mcp_stdio_sandbox"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
