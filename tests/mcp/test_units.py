@@ -162,3 +162,34 @@ def test_an_http_error_status_is_named_without_the_credential(refusing_url, stat
     assert message.startswith(f"MCP server 'docs' at {refusing_url}/{status}/mcp answered HTTP {status}")
     assert hint in message
     assert "s3cr3t-value" not in message
+
+
+class DiscoverRefusing(BaseHTTPRequestHandler):
+    """Answers the SDK's `server/discover` probe 400 (as pre-discover servers do) and everything
+    else 403: the 403 is what stops the client."""
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(400 if b"server/discover" in body else 403)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        self.wfile.write(b"no")
+
+    do_GET = do_DELETE = do_POST
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_failing_request_is_named_not_the_discover_probe():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), DiscoverRefusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/mcp"
+    try:
+        with pytest.raises(MCPError) as failed:
+            list_tools(Connection(server_name="docs", transport="streamable_http", url=url, timeout=5))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert str(failed.value).startswith(f"MCP server 'docs' at {url} answered HTTP 403 (forbidden")

@@ -318,11 +318,13 @@ def _run(
     limit = _limit(conn, timeout)
     redactor = Redactor(conn.secret_values)
     # The SDK turns an HTTP error status into a generic protocol error; keep the status for the message.
-    http_errors: list[int] = []
+    # Only the latest POST's counts: an earlier error may have been answered already (the SDK's own
+    # `server/discover` probe draws a 400 from older servers and falls back to `initialize`).
+    failed_status: list[int | None] = [None]
 
     async def record_status(response: httpx2.Response) -> None:
-        if response.status_code >= 400 and response.request.method == "POST":
-            http_errors.append(response.status_code)
+        if response.request.method == "POST":
+            failed_status[0] = response.status_code if response.status_code >= 400 else None
 
     guard = async_guarded_transport() if conn.guarded else None
 
@@ -379,8 +381,7 @@ def _run(
             if refused is not None:
                 where = f"{conn.label} at {_public_url(conn.url)}"
                 raise MCPError(redactor.redact(f"{where} was not contacted: {refused}")) from None
-            status = http_errors[0] if http_errors else None
-            message = _describe(conn, doing, _leaf(exc), limit, _stderr_tail(errlog), status)
+            message = _describe(conn, doing, _leaf(exc), limit, _stderr_tail(errlog), failed_status[0])
             raise MCPError(redactor.redact(message)) from None
 
 
