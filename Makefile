@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: install run test lint format migrate worker beat bench fuzz
+.PHONY: install run test lint format migrate worker beat bench fuzz conformance
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,3 +46,6 @@ bench: install  # figures on SQLite and PostgreSQL + Redis (README "make bench")
 
 fuzz: install  # schemathesis against the live stack (needs PostgreSQL + Redis on loopback)
 	tests/schemathesis/run.sh
+
+conformance: install  # the MCP client conformance suite (npm, pinned) against manage.py mcp_probe; needs Node 20+
+	$(PY) tests/conformance/run.py $(CONFORMANCE_ARGS)
