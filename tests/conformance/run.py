@@ -173,9 +173,8 @@ def report(outcomes: list[Outcome], must_pass: set[str], excluded: dict[str, str
         result = "pass" if o.passed else "FAIL"
         print(f"{o.scenario:<{width}}  {result:<6}  {o.seconds:>7.1f}  {counts:<22}  {expectation}")
     passed = sum(o.passed for o in outcomes)
-    print(
-        f"\n{passed} of {len(outcomes)} scenarios passed; {len(must_pass)} must pass. Results: {results_dir}"
-    )
+    required = sum(o.scenario in must_pass for o in outcomes)
+    print(f"\n{passed} of {len(outcomes)} scenarios passed; {required} of them must. Results: {results_dir}")
 
     for o in outcomes:
         if o.passed and o.scenario not in must_pass:
