@@ -257,3 +257,87 @@ def test_mcp_probe_refuses_a_broken_scenario_context(monkeypatch):
 
     with pytest.raises(CommandError, match="MCP_CONFORMANCE_CONTEXT"):
         call_command("mcp_probe", "http://127.0.0.1:9/mcp", stdout=StringIO())
+
+
+class ProtectedResource(BaseHTTPRequestHandler):
+    """An MCP endpoint that demands OAuth, with its discovery documents, a registration endpoint
+    and an authorization page that wants a person to sign in (as real ones do)."""
+
+    seen: list[str] = []
+
+    def base(self) -> str:
+        return f"http://{self.headers['Host']}"
+
+    def answer(self, status: int, document: dict | None = None, headers: dict | None = None) -> None:
+        body = json.dumps(document).encode() if document is not None else b""
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/register":
+            self.answer(201, {"client_id": "registered-probe", "redirect_uris": ["http://localhost/cb"]})
+        else:
+            challenge = f'Bearer resource_metadata="{self.base()}/.well-known/oauth-protected-resource/mcp"'
+            self.answer(401, {"error": "unauthorized"}, {"WWW-Authenticate": challenge})
+
+    def do_GET(self):
+        base = self.base()
+        if self.path.startswith("/.well-known/oauth-protected-resource"):
+            self.answer(200, {"resource": f"{base}/mcp", "authorization_servers": [base]})
+        elif self.path == "/.well-known/oauth-authorization-server":
+            self.answer(
+                200,
+                {
+                    "issuer": base,
+                    "authorization_endpoint": f"{base}/authorize",
+                    "token_endpoint": f"{base}/token",
+                    "registration_endpoint": f"{base}/register",
+                    "response_types_supported": ["code"],
+                    "code_challenge_methods_supported": ["S256"],
+                },
+            )
+        elif self.path.startswith("/authorize"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<form>sign in</form>")
+        else:
+            self.answer(404)
+
+    def log_message(self, *args):
+        type(self).seen.append(self.requestline)
+
+
+def test_mcp_probe_oauth_stops_clearly_where_a_person_must_sign_in(monkeypatch):
+    monkeypatch.delenv("MCP_CONFORMANCE_SCENARIO", raising=False)
+    ProtectedResource.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ProtectedResource)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(CommandError) as failed:
+            call_command("mcp_probe", "--oauth", "--timeout", "10", f"{base}/mcp", stdout=StringIO())
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    message = str(failed.value)
+    assert f"The authorization page {base}/authorize answered HTTP 200" in message
+    assert message.endswith("approved without one).")
+    # The SDK's provider did the discovery and registration, and asked with PKCE and the resource.
+    paths = [line.split()[1] for line in ProtectedResource.seen]
+    assert paths[1:4] == [
+        "/.well-known/oauth-protected-resource/mcp",
+        "/.well-known/oauth-authorization-server",
+        "/register",
+    ]
+    authorize = parse_qs(urlsplit(paths[4]).query)
+    assert authorize["client_id"] == ["registered-probe"]
+    assert authorize["code_challenge_method"] == ["S256"]
+    assert authorize["resource"] == [f"{base}/mcp"]

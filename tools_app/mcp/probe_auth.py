@@ -44,7 +44,8 @@ REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 
 
 class HeadlessAuthorizationError(Exception):
-    """The authorization server did not approve without a person; the message says what it did."""
+    """The authorization server did not approve without a person; the message says what it did
+    (no final period: the client's error sentence ends it)."""
 
 
 @dataclass(frozen=True)
@@ -102,25 +103,23 @@ class HeadlessRedirect:
             raise HeadlessAuthorizationError(
                 f"The authorization page {where} answered HTTP {response.status_code} instead of redirecting "
                 "back with a code: it wants a person (the probe only completes authorizations that are approved "
-                "without one)."
+                "without one)"
             )
         query = {key: values[0] for key, values in parse_qs(urlsplit(location).query).items()}
         if "error" in query:
             detail = query.get("error_description", "")
             raise HeadlessAuthorizationError(
-                f"The authorization server {where} refused: {query['error']}{': ' + detail if detail else ''}."
+                f"The authorization server {where} refused: {query['error']}{': ' + detail if detail else ''}"
             )
         if not query.get("code"):
-            raise HeadlessAuthorizationError(f"The authorization server {where} redirected without a code.")
+            raise HeadlessAuthorizationError(f"The authorization server {where} redirected without a code")
         self._result = AuthorizationCodeResult(
             code=query["code"], state=query.get("state"), iss=query.get("iss")
         )
 
     async def callback(self) -> AuthorizationCodeResult:
         if self._result is None:
-            raise HeadlessAuthorizationError(
-                "No authorization code: the authorization page was not followed."
-            )
+            raise HeadlessAuthorizationError("No authorization code: the authorization page was not followed")
         result, self._result = self._result, None  # a code is used once
         return result
 

@@ -174,17 +174,20 @@ class Command(BaseCommand):
                 elicited.append((message, answer))
             return answer
 
-        # The HTTP client logs every request at INFO; that is noise next to the probe's report.
-        http_log = logging.getLogger("httpx2")
-        level = http_log.level
+        # The HTTP client logs every request at INFO, and the SDK's OAuth flow logs its failures
+        # with a traceback: noise next to the probe's report, whose error names the failure.
+        quiet = {"httpx2": logging.WARNING, "mcp.client.auth": logging.CRITICAL}
+        levels = {name: logging.getLogger(name).level for name in quiet}
         if options["verbosity"] < 2:
-            http_log.setLevel(logging.WARNING)
+            for name, level in quiet.items():
+                logging.getLogger(name).setLevel(level)
         try:
             calls = probe(conn, arguments_for, timeout=timeout, on_elicit=on_elicit)
         except MCPError as exc:
             raise CommandError(str(exc)) from None
         finally:
-            http_log.setLevel(level)
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
         self.stdout.write(f"{len(calls)} tools at {url}")
         for call in calls:
             self.stdout.write(f"{call.tool.name}({json.dumps(call.arguments, ensure_ascii=False)})")
