@@ -124,8 +124,11 @@ def install(install_dir: Path) -> None:
         return
     for name in PINNED:
         shutil.copyfile(HERE / name, install_dir / name)
-    print(f"conformance: installing the pinned suite into {install_dir}", flush=True)
-    subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=install_dir, check=True)
+    node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+    print(f"conformance: installing the pinned suite into {install_dir} (node {node})", flush=True)
+    done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=install_dir)
+    if done.returncode != 0:
+        sys.exit(f"conformance: npm ci failed (exit {done.returncode}) in {install_dir}")
 
 
 def list_scenarios(cli: Path) -> list[str]:
