@@ -243,6 +243,7 @@ def test_each_flow_gets_the_sdks_provider():
         (["--client-id", "c"], "need --oauth or --client-credentials"),
         (["--client-credentials", "--client-id", "c"], "needs --client-id and --client-secret"),
         (["--client-credentials", "--client-id", "c", "--private-key", "/nonexistent.pem"], "--private-key"),
+        (["--oauth", "--client-metadata-url", "http://plain.example/client.json"], "valid HTTPS URL"),
     ],
 )
 def test_mcp_probe_refuses_incomplete_oauth_options(args, message, monkeypatch):

@@ -155,6 +155,10 @@ class Command(BaseCommand):
     def handle(self, *args, url, header, timeout, **options):
         headers = parse_pairs(header, "--header")
         auth = self.probe_auth(options)
+        try:
+            authorizer = provider_for(url, auth, timeout) if auth else None
+        except ValueError as exc:  # e.g. a client metadata URL that is not HTTPS
+            raise CommandError(str(exc)) from None
         conn = Connection(
             server_name=urlsplit(url).hostname or url,
             transport=STREAMABLE_HTTP,
@@ -163,7 +167,7 @@ class Command(BaseCommand):
             timeout=timeout,
             # Header values are credentials as often as not: keep them out of error messages.
             secret_values=tuple(v for v in (*headers.values(), auth and auth.client_secret) if v),
-            auth=provider_for(url, auth, timeout) if auth else None,
+            auth=authorizer,
         )
         elicited: list[tuple[str, ElicitAnswer]] = []
         lock = threading.Lock()
