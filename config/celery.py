@@ -9,7 +9,7 @@ import os
 import sys
 
 from celery import Celery
-from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
+from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -54,6 +54,15 @@ def _leave_on_shutdown(sender, **kwargs):
     from sessions_app.runtime import presence
 
     presence.stop_presence()
+
+
+@worker_process_shutdown.connect
+def _close_mcp_sessions(**kwargs):
+    """A pool process exits without running atexit handlers: close its pooled MCP sessions, so
+    no stdio server process outlives it."""
+    from tools_app.mcp.pool import close_pool
+
+    close_pool()
 
 
 @worker_shutting_down.connect

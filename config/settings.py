@@ -401,6 +401,15 @@ if XAGENT_PUBLIC_URL and not XAGENT_PUBLIC_URL.startswith(("http://", "https://"
     raise ImproperlyConfigured(
         f"Invalid value for environment variable XAGENT_PUBLIC_URL: {XAGENT_PUBLIC_URL!r} is not an http(s) URL"
     )
+# Pooled MCP sessions (tools_app/mcp/pool.py): one per server configuration per process, closed
+# after being idle this long, checked with one cheap request before reuse after this long, and
+# reconnected with exponential backoff capped here. Off: every tool call opens its own connection.
+XAGENT_MCP_POOL = _bool("XAGENT_MCP_POOL", True)
+XAGENT_MCP_IDLE_SECONDS = _positive_int("XAGENT_MCP_IDLE_SECONDS", 300)
+XAGENT_MCP_HEALTH_AFTER_SECONDS = _positive_int("XAGENT_MCP_HEALTH_AFTER_SECONDS", 30)
+XAGENT_MCP_RECONNECT_MAX_SECONDS = _positive_int("XAGENT_MCP_RECONNECT_MAX_SECONDS", 30)
+# Notifications that a server's tools changed, within this many seconds, make one refresh.
+XAGENT_MCP_LIST_CHANGED_DEBOUNCE_SECONDS = _read("XAGENT_MCP_LIST_CHANGED_DEBOUNCE_SECONDS", env.float, 1.0)
 XAGENT_WORKSPACES_DIR = Path(_read("XAGENT_WORKSPACES_DIR", env.str, str(VAR_DIR / "workspaces")))
 # stdio MCP servers run sandboxed, each with its own directory <this>/<tenant id>/<server id>
 # (its working directory and HOME). Like the workspaces root, its parents must be searchable

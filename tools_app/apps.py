@@ -18,6 +18,11 @@ class ToolsConfig(AppConfig):
         # approvals_app sits below tools_app: its "Test a call" reads a tool's facts through this port.
         register_tool_facts(policy_facts_for)
         track_configuration(MCPServer, ToolSet, Tool, SandboxPolicy, Secret)
+        # A pooled MCP session told that its server's tools changed refreshes the Tool rows.
+        from .mcp.pool import on_tools_changed
+        from .mcp.sync import refresh_after_tools_changed
+
+        on_tools_changed(refresh_after_tools_changed)
 
 
 def _sync_native_tools(sender, **kwargs):

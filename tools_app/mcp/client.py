@@ -1,8 +1,10 @@
 """The product's one MCP client: a synchronous facade over the official SDK's async API.
 
-Every operation opens its own connection in a fresh event loop (`asyncio.run`), so it can be
-called from Django views, admin actions, management commands and Celery/ToolService threads
-alike. Nothing is pooled: a stdio server is started per operation and stopped afterwards.
+Every operation is synchronous, so it can be called from Django views, admin actions,
+management commands and Celery/ToolService threads alike. `call_tool` runs on the process's
+pooled session of the server (`pool.py`: one per server configuration, reused, health-checked);
+`probe` and `list_tools` (the admin's refresh) open their own connection in a fresh event loop
+(`asyncio.run`) unless asked to pool, since they must prove that a new connection works.
 
 Every failure — refused connection, a process that exits, a timeout, a protocol error — comes
 out as one `MCPError` whose message is a human sentence naming the server and what failed.
@@ -19,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import math
+import os
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -91,6 +95,9 @@ class Connection:
     # stdio only: the sandbox the server runs in (`sandbox.server`); a stdio Connection without
     # one is never started.
     sandbox: ServerSandbox | None = None
+    # Who the connection is for: a pooled session is never shared across tenants or servers.
+    tenant_id: int | None = None
+    server_id: int | None = None
 
     @property
     def label(self) -> str:
@@ -139,6 +146,11 @@ def connection_for(server, secrets: dict[str, str]) -> Connection:
     Raises MCPError if a referenced secret is not set for the server's tenant, or if the
     server is a stdio one no operator configured (its command is never started).
     """
+    conn = _connection_for(server, secrets)
+    return dataclasses.replace(conn, tenant_id=server.tenant_id, server_id=server.pk)
+
+
+def _connection_for(server, secrets: dict[str, str]) -> Connection:
     if server.transport == STDIO and not server.configured_by_operator:
         raise MCPError(
             f"MCP server {server.name!r} was not started: a stdio server runs a command on the host, "
@@ -191,12 +203,19 @@ def connection_for(server, secrets: dict[str, str]) -> Connection:
 # --- the three operations -----------------------------------------------------------------
 
 
-def list_tools(conn: Connection, timeout: float | None = None) -> list[RemoteTool]:
-    """Connect, list every tool (following pagination), disconnect."""
+def list_tools(conn: Connection, timeout: float | None = None, *, pooled: bool = False) -> list[RemoteTool]:
+    """List every tool (following pagination).
+
+    One-shot by default (connect, list, disconnect): an admin's refresh proves that a new
+    connection with the current configuration works. `pooled=True` lists on the pooled session
+    instead — what a `tools/list_changed` refresh does, since that session is the one whose
+    server changed (a stdio server's tools may exist only in that process)."""
 
     async def operation(client: Client, renew: Callable[[], None]) -> list[RemoteTool]:
         return await _list_all(client, renew)
 
+    if pooled:
+        return _pool().run(conn, "listing its tools", operation, timeout, read_only=True)
     return _run(conn, "listing its tools", operation, timeout)
 
 
@@ -206,9 +225,15 @@ def call_tool(
     arguments: dict,
     timeout: float | None = None,
     on_elicit: ElicitHandler | None = None,
+    *,
+    read_only: bool = False,
+    pooled: bool | None = None,
 ) -> RemoteResult:
-    """Connect, call one tool, disconnect. A tool-level failure is `RemoteResult(is_error=True)`.
+    """Call one tool. A tool-level failure is `RemoteResult(is_error=True)`.
 
+    Runs on the pooled session of the server (`pooled=None` follows XAGENT_MCP_POOL, on by
+    default). `read_only` calls may overlap on that session and are retried once on a fresh
+    connection if it broke mid-call; others are serialized per session and never resent.
     `on_elicit` answers the server's elicitation requests during the call; without it they are
     declined as unsupported."""
 
@@ -218,7 +243,18 @@ def call_tool(
         read_timeout = math.inf if on_elicit else _limit(conn, timeout)
         return _to_result(await client.call_tool(name, arguments, read_timeout_seconds=read_timeout))
 
-    return _run(conn, f"calling the tool {name!r}", operation, timeout, on_elicit)
+    doing = f"calling the tool {name!r}"
+    from .pool import pool_enabled
+
+    if pool_enabled() if pooled is None else pooled:
+        return _pool().run(conn, doing, operation, timeout, on_elicit=on_elicit, read_only=read_only)
+    return _run(conn, doing, operation, timeout, on_elicit)
+
+
+def _pool():
+    from .pool import get_pool  # pool.py builds on this module
+
+    return get_pool()
 
 
 def probe(
@@ -307,6 +343,49 @@ def _limit(conn: Connection, timeout: float | None) -> float:
     return float(timeout if timeout is not None else conn.timeout)
 
 
+async def _open_client(
+    stack: contextlib.AsyncExitStack,
+    conn: Connection,
+    *,
+    limit: float,
+    errlog: IO[str],
+    guard=None,
+    on_response: Callable[[httpx2.Response], Awaitable[None]] | None = None,
+    elicitation_callback=None,
+    message_handler=None,
+) -> Client:
+    """Create the transport (a stdio process or an HTTP client) and an entered Client on `stack`.
+
+    The one place a connection is made, pooled or not; closing `stack` ends it."""
+    if conn.transport == STDIO:
+        # The preflight runs a short sandboxed process: not on the event loop.
+        params = await anyio.to_thread.run_sync(_sandboxed_stdio, conn)
+        transport = stdio_client(params, errlog=errlog)
+    else:
+        # The SDK leaves an HTTP client it was handed open: the stack closes it.
+        http = await stack.enter_async_context(
+            httpx2.AsyncClient(
+                headers=conn.headers,
+                timeout=httpx2.Timeout(limit),
+                event_hooks={"response": [on_response] if on_response else []},
+                transport=guard,
+                auth=conn.auth,
+            )
+        )
+        transport = streamable_http_client(conn.url, http_client=http)
+    return await stack.enter_async_context(
+        Client(
+            transport,
+            read_timeout_seconds=limit,
+            client_info=CLIENT_INFO,
+            elicitation_callback=elicitation_callback,
+            message_handler=message_handler,
+            # Listings must come from the server (a refresh is asked for because they changed).
+            cache=None,
+        )
+    )
+
+
 def _run(
     conn: Connection,
     doing: str,
@@ -314,9 +393,9 @@ def _run(
     timeout: float | None,
     on_elicit: ElicitHandler | None = None,
 ) -> T:
-    """Run `operation(client, renew)` in one session; `renew()` restarts the deadline for a next step."""
+    """One-shot: run `operation(client, renew)` in a session of its own; `renew()` restarts the
+    deadline for a next step."""
     limit = _limit(conn, timeout)
-    redactor = Redactor(conn.secret_values)
     # The SDK turns an HTTP error status into a generic protocol error; keep the status for the message.
     # Only the latest POST's counts: an earlier error may have been answered already (the SDK's own
     # `server/discover` probe draws a 400 from older servers and falls back to `initialize`).
@@ -338,31 +417,14 @@ def _run(
                     scope.deadline = math.inf if pause else anyio.current_time() + limit
 
                 async with contextlib.AsyncExitStack() as stack:
-                    if conn.transport == STDIO:
-                        # The preflight runs a short sandboxed process: not on the event loop.
-                        params = await anyio.to_thread.run_sync(_sandboxed_stdio, conn)
-                        transport = stdio_client(params, errlog=errlog)
-                    else:
-                        # The SDK leaves an HTTP client it was handed open: the stack closes it.
-                        http = await stack.enter_async_context(
-                            httpx2.AsyncClient(
-                                headers=conn.headers,
-                                timeout=httpx2.Timeout(limit),
-                                event_hooks={"response": [record_status]},
-                                transport=guard,
-                                auth=conn.auth,
-                            )
-                        )
-                        transport = streamable_http_client(conn.url, http_client=http)
-                    client = await stack.enter_async_context(
-                        Client(
-                            transport,
-                            read_timeout_seconds=limit,
-                            client_info=CLIENT_INFO,
-                            elicitation_callback=_elicitation_callback(on_elicit, renew)
-                            if on_elicit
-                            else None,
-                        )
+                    client = await _open_client(
+                        stack,
+                        conn,
+                        limit=limit,
+                        errlog=errlog,
+                        guard=guard,
+                        on_response=record_status,
+                        elicitation_callback=_elicitation_callback(on_elicit, renew) if on_elicit else None,
                     )
                     renew()
                     return await operation(client, renew)
@@ -374,15 +436,33 @@ def _run(
         except MCPError:
             raise
         except Exception as exc:  # every failure becomes one sentence
-            needed = _found_in(exc, AuthorizationRequired)
-            if needed is not None:
-                raise AuthorizationRequired(redactor.redact(str(needed))) from None
-            refused = guard.refusals[0] if guard is not None and guard.refusals else refusal_in(exc)
-            if refused is not None:
-                where = f"{conn.label} at {_public_url(conn.url)}"
-                raise MCPError(redactor.redact(f"{where} was not contacted: {refused}")) from None
-            message = _describe(conn, doing, _leaf(exc), limit, _stderr_tail(errlog), failed_status[0])
-            raise MCPError(redactor.redact(message)) from None
+            refused = guard.refusals[0] if guard is not None and guard.refusals else None
+            raise _failure(
+                conn, doing, exc, limit, refusal=refused, http_status=failed_status[0], errlog=errlog
+            ) from None
+
+
+def _failure(
+    conn: Connection,
+    doing: str,
+    exc: BaseException,
+    limit: float,
+    *,
+    refusal=None,
+    http_status: int | None = None,
+    errlog: IO[str] | None = None,
+) -> MCPError:
+    """The MCPError for a failed operation: one sentence, secrets masked."""
+    redactor = Redactor(conn.secret_values)
+    needed = _found_in(exc, AuthorizationRequired)
+    if needed is not None:
+        return AuthorizationRequired(redactor.redact(str(needed)))
+    refused = refusal if refusal is not None else refusal_in(exc)
+    if refused is not None:
+        where = f"{conn.label} at {_public_url(conn.url)}"
+        return MCPError(redactor.redact(f"{where} was not contacted: {refused}"))
+    stderr = _stderr_tail(errlog) if errlog is not None else ""
+    return MCPError(redactor.redact(_describe(conn, doing, _leaf(exc), limit, stderr, http_status)))
 
 
 def _sandboxed_stdio(conn: Connection) -> StdioServerParameters:
@@ -469,7 +549,8 @@ def _leaf(exc: BaseException) -> BaseException:
 def _stderr_tail(errlog: IO[str]) -> str:
     try:
         errlog.flush()
-        errlog.seek(0)
+        # A pooled session's log grows for as long as it lives: only its end matters.
+        errlog.seek(max(0, errlog.seek(0, os.SEEK_END) - 8 * STDERR_TAIL_CHARS))
         text = errlog.read()
     except (OSError, ValueError):
         return ""

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import close_old_connections, transaction
+from django.db import connection as db_connection
 from django.utils import timezone
 
 from approvals_app.choices import Risk, ToolSource
@@ -28,7 +29,7 @@ from tools_app.models import MCPServer, Readiness, Tool
 from tools_app.net import OutboundRefused, check_url
 from tools_app.secrets import tenant_secret_values
 
-from .client import MCPError, RemoteTool, connection_for, list_tools
+from .client import Connection, MCPError, RemoteTool, connection_for, list_tools
 from .stdio import check_read_paths
 
 logger = logging.getLogger(__name__)
@@ -80,18 +81,47 @@ def defaults_from_hints(hints: dict) -> dict:
 # --- refresh --------------------------------------------------------------------------------
 
 
-def refresh_server(server: MCPServer) -> RefreshResult:
+def refresh_server(server: MCPServer, *, pooled: bool = False) -> RefreshResult:
     """Connect with the tenant's secrets, list the tools, and bring the Tool rows in line.
 
+    `pooled=True` lists on this process's pooled session of the server (a list_changed refresh)
+    instead of a connection of its own (an admin's refresh, which proves a new one works).
     On failure the server is marked `error`, its tools `unavailable`, and the MCPError re-raised.
     """
     try:
         conn = connection_for(server, tenant_secret_values(server.tenant_id))
-        remote = list_tools(conn, timeout=server.timeout_seconds)
+        remote = list_tools(conn, timeout=server.timeout_seconds, pooled=pooled)
     except MCPError as exc:
         record_server_error(server, str(exc))
         raise
     return _apply_listing(server, remote)
+
+
+def refresh_after_tools_changed(conn: Connection) -> None:
+    """A pooled session heard `notifications/tools/list_changed`: refresh that server's Tool rows.
+
+    Runs in a thread of the pool (pool.py), so it owns its database connection and closes it.
+    A server that is gone, disabled or reconfigured since (another key) is left alone.
+    """
+    if conn.server_id is None or conn.tenant_id is None:
+        return
+    close_old_connections()
+    try:
+        server = MCPServer.objects.for_tenant(conn.tenant_id).filter(pk=conn.server_id, enabled=True).first()
+        if server is None:
+            return
+        result = refresh_server(server, pooled=True)
+        logger.info(
+            "MCP server %s changed its tools: added %s, updated %s, removed %s",
+            server.name,
+            result.added,
+            result.updated,
+            result.removed,
+        )
+    except MCPError as exc:
+        logger.warning("MCP server %s changed its tools, but listing them failed: %s", conn.server_name, exc)
+    finally:
+        db_connection.close()
 
 
 def _apply_listing(server: MCPServer, remote: list[RemoteTool]) -> RefreshResult:

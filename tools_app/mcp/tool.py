@@ -74,7 +74,9 @@ class MCPTool(Tool):
             raise ToolError(f"the MCP server {server.name!r} is disabled", code="tool_unavailable")
         try:
             conn = connection_for(server, tenant_secret_values(server.tenant_id))
-            remote = call_tool(conn, self.remote_name, args, timeout=server.timeout_seconds)
+            remote = call_tool(
+                conn, self.remote_name, args, timeout=server.timeout_seconds, read_only=self.read_only
+            )
         except MCPError as exc:
             # One failed call says the server is in trouble, not that its tools are gone:
             # they stay offered until a refresh finds out.
