@@ -166,3 +166,13 @@ def model_config_a(tenant_a, model_server):
 def model_config_b(tenant_b, model_server):
     """Tenant B's default model: the same scripted server."""
     return _scripted_model_config(tenant_b, model_server)
+
+
+@pytest.fixture(autouse=True)
+def no_pooled_mcp_sessions_left():
+    """Pooled MCP sessions outlive a call by design; a test must not inherit another test's
+    (nor leave its stdio server processes running)."""
+    yield
+    from tools_app.mcp.pool import close_pool
+
+    close_pool()
