@@ -55,5 +55,6 @@ SCENARIOS = {
             "9. Outer loop: a sub-Session's task understanding + orchestration, harness cost",
             "prepare",
         ),
+        Scenario("mcp_pool", "10. MCP call overhead: pooled session vs a connection per call", "mcp_pool"),
     )
 }
