@@ -37,6 +37,7 @@ import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT
 from mcp.shared.exceptions import MCPError as SDKError
 from mcp.types import ElicitResult, ErrorData, Implementation
 from pydantic import ValidationError
@@ -366,7 +367,9 @@ async def _open_client(
         http = await stack.enter_async_context(
             httpx2.AsyncClient(
                 headers=conn.headers,
-                timeout=httpx2.Timeout(limit),
+                # Reads may idle longer (a pooled session's listen stream waits for events); the
+                # caller's own deadline bounds every operation.
+                timeout=httpx2.Timeout(limit, read=max(limit, MCP_DEFAULT_SSE_READ_TIMEOUT)),
                 event_hooks={"response": [on_response] if on_response else []},
                 transport=guard,
                 auth=conn.auth,

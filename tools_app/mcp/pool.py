@@ -504,9 +504,13 @@ class SessionPool:
         return error
 
     async def _listen(self, session: PooledSession, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
-        """2026-era servers send list-changed events only on a `subscriptions/listen` stream: open
-        one (its events reach `_on_message` like a handshake-era notification does). Its loss is
-        how a dead connection is noticed without a call."""
+        """2026-era servers send list-changed events only on a `subscriptions/listen` stream: keep
+        one open (its events reach `_on_message` like a handshake-era notification does).
+
+        Its loss is how a dead connection is noticed without a call. A stream that ends while
+        the connection lives (an HTTP stream idle past its read timeout, a server restart) is
+        opened again, and the tools are refreshed once: events in between were missed (there is
+        no replay). A server that refuses the subscription keeps its session, without events."""
         client = session.client
         capabilities = client.server_capabilities
         if client.protocol_version not in MODERN_PROTOCOL_VERSIONS or not (
@@ -514,21 +518,36 @@ class SessionPool:
         ):
             task_status.started()
             return
-        try:
-            async with client.listen(tools_list_changed=True) as subscription:
-                task_status.started()
-                async for _event in subscription:
-                    pass  # delivered to _on_message by the SDK's tee
-        except Exception as exc:
-            with contextlib.suppress(RuntimeError):
-                task_status.started()  # a refused subscription does not stop the session
-            if session.transport_closed():
-                # Noticed without a call: the next one opens a new session at once.
-                await self._drop(session, f"its connection closed ({type(_leaf(exc)).__name__})")
-            else:
-                logger.info(
-                    "MCP server %s: no tools/list_changed events (%r)", session.conn.server_name, _leaf(exc)
-                )
+        subscribed_before = False
+        pause = 1.0
+        while True:
+            try:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    if subscribed_before:
+                        self._tools_changed(session)
+                    else:
+                        task_status.started()
+                        subscribed_before = True
+                    opened = time.monotonic()
+                    async for _event in subscription:
+                        pass  # delivered to _on_message by the SDK's tee
+                    if time.monotonic() - opened > 60:
+                        pause = 1.0  # a stream that lasted: not a server closing each at once
+            except Exception as exc:
+                if session.transport_closed():
+                    # Noticed without a call: the next one opens a new session at once.
+                    await self._drop(session, f"its connection closed ({type(_leaf(exc)).__name__})")
+                    return
+                if not subscribed_before:
+                    task_status.started()  # a refused subscription does not stop the session
+                    logger.info(
+                        "MCP server %s: no tools/list_changed events (%r)",
+                        session.conn.server_name,
+                        _leaf(exc),
+                    )
+                    return
+            await anyio.sleep(pause)
+            pause = min(pause * 2, _setting("XAGENT_MCP_RECONNECT_MAX_SECONDS"))
 
     # --- list_changed -----------------------------------------------------------------------
 
