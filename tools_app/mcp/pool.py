@@ -613,6 +613,7 @@ class SessionPool:
     async def _close_all(self, timeout: float) -> int:
         sessions = list(self._sessions.values())
         self._sessions.clear()
+        self._backoff.clear()  # a fresh start: the next call tries at once
         for session in sessions:
             session.closing.set()
         runners = [s.runner for s in sessions if s.runner is not None]
