@@ -1,5 +1,5 @@
 """MCP call overhead, pooled vs one-shot: milliseconds per `call_tool` of the example server's
-`echo` (no work on the server side), over stdio (a child process) and Streamable HTTP (a server
+`echo` (no work on the server side), over stdio (a sandboxed child process) and Streamable HTTP (a server
 process on loopback).
 
 Pooled: the process's pooled session, opened once before timing (what a worker does after its
@@ -8,11 +8,7 @@ first call). One-shot: a new connection per call (`pooled=False`), for stdio a n
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-
-from django.conf import settings
 
 from ..figures import figure
 from ..harness import median_of_runs
@@ -22,20 +18,28 @@ POOLED_CALLS, ONE_SHOT_CALLS = 50, 5
 
 
 def run(options: dict) -> dict:
-    from tools_app.mcp.client import STDIO, STREAMABLE_HTTP, Connection
+    from tools_app.mcp.client import STREAMABLE_HTTP, Connection, connection_for
     from tools_app.mcp.pool import close_pool
+    from tools_app.mcp.stdio import python_module_launch
+    from tools_app.mcp.sync import add_server
+    from tools_app.models import MCPServer
+
+    from ..harness import new_owner
 
     pooled_n = 10 if options["quick"] else POOLED_CALLS
     one_shot_n = 2 if options["quick"] else ONE_SHOT_CALLS
-    stdio = Connection(
-        server_name="bench",
-        transport=STDIO,
-        command=sys.executable,
-        args=("-m", "tools_app.mcp.example_server"),
-        env={"PATH": os.environ.get("PATH", os.defpath)},
-        cwd=str(settings.BASE_DIR),
-        timeout=60,
+    tenant, _ = new_owner("mcp-pool")
+    launch = python_module_launch("tools_app.mcp.example_server")
+    server = add_server(
+        tenant,
+        "bench",
+        MCPServer.Transport.STDIO,
+        command=launch.command,
+        args=launch.args,
+        env=launch.env,
+        sandbox_read_paths=launch.read_paths,
     )
+    stdio = connection_for(server, {})  # in the process sandbox, as every stdio server runs
     runs = []
     with example_server() as url:
         http = Connection(server_name="bench-http", transport=STREAMABLE_HTTP, url=url, timeout=60)

@@ -2,7 +2,7 @@
 
     python -m tests.support.mcp_pool_server        # stdio
 
-`server_pid` tells which process answered (how many processes a client started);
+`process_token` tells which process answered (how many processes a client started);
 `counted_pause` counts how many calls run at once in this process (overlap, not timings);
 `add_echo_tool` adds a tool at run time and announces that the tool list changed;
 `ask` asks the client for input (elicitation) and returns the answer.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
+import uuid
 from typing import Annotated
 
 from mcp.server.mcpserver import Context, Elicit, ElicitationResult, Resolve
@@ -23,15 +23,18 @@ from pydantic import BaseModel
 
 from tools_app.mcp.example_server import READ_ONLY, main, server
 
+PROCESS_TOKEN = uuid.uuid4().hex
 _running = 0
 _most_at_once = 0
 
 
 @server.tool(
-    description="This server's process id. Read-only.", annotations=READ_ONLY, structured_output=False
+    description="A token naming this server process (a pid says little in a pid namespace). Read-only.",
+    annotations=READ_ONLY,
+    structured_output=False,
 )
-def server_pid() -> str:
-    return str(os.getpid())
+def process_token() -> str:
+    return PROCESS_TOKEN
 
 
 @server.tool(
@@ -47,7 +50,7 @@ async def counted_pause(seconds: float = 0.3) -> str:
         await asyncio.sleep(max(0.0, min(seconds, 5.0)))
     finally:
         _running -= 1
-    return json.dumps({"pid": os.getpid(), "most_at_once": _most_at_once})
+    return json.dumps({"token": PROCESS_TOKEN, "most_at_once": _most_at_once})
 
 
 @server.tool(

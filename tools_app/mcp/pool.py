@@ -10,9 +10,9 @@ How it works:
   and wait for it; the SDK multiplexes concurrent requests on one session, so parallel
   read-only calls still overlap.
 - The key of a session is the tenant, the server and a fingerprint of everything that defines
-  the connection (transport, command, args, env, cwd, URL, headers, guard, timeout,
+  the connection (transport, command, args, env, sandbox, URL, headers, guard, timeout,
   `auth_key`): a changed URL, header, secret or authorization opens a new session, and the old
-  one is closed once idle. Sessions are never shared across tenants.
+  one closes once its calls end. Sessions are never shared across tenants.
 - Each session lives in a runner task of its own (the SDK's task groups must be entered and
   left in one task): it opens the transport, waits until it is told to close, then closes it —
   for stdio that ends the server process.
@@ -119,7 +119,6 @@ def pool_key(conn: Connection) -> tuple:
         "command": conn.command,
         "args": list(conn.args),
         "env": conn.env,
-        "cwd": conn.cwd,
         "url": conn.url,
         "headers": conn.headers,
         "guarded": conn.guarded,
