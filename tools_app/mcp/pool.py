@@ -147,6 +147,7 @@ class _Backoff:
     failures: int = 0
     next_attempt_at: float = 0.0
     last_error: str = ""
+    kind: type = MCPError  # an AuthorizationRequired stays one (the message names who can fix it)
 
 
 @dataclass(eq=False)
@@ -392,7 +393,7 @@ class SessionPool:
             now = time.monotonic()
             if backoff is not None and now < backoff.next_attempt_at:
                 wait = backoff.next_attempt_at - now
-                raise MCPError(
+                raise backoff.kind(
                     f"{backoff.last_error} (Not retried yet: {backoff.failures} attempt"
                     f"{'s' if backoff.failures != 1 else ''} to connect failed in a row; "
                     f"the next one is allowed in {wait:.1f} s.)"
@@ -499,6 +500,7 @@ class SessionPool:
         )
         backoff.next_attempt_at = time.monotonic() + delay
         backoff.last_error = str(error)
+        backoff.kind = type(error)
         session.failure = error
         return error
 
