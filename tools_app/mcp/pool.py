@@ -359,6 +359,14 @@ class SessionPool:
                     _describe(conn, doing, SDKError(CONNECTION_CLOSED, "Connection closed"), limit, "")
                 ) from None
             except Exception as exc:
+                refused_auth = conn.auth is not None and 401 in session.http_errors[errors_before:]
+                if refused_auth:
+                    # The authorization this session was opened with is gone (revoked, expired past
+                    # refreshing): the server did not run the call. A new session asks afresh and
+                    # says who can fix it (AuthorizationRequired), as a first connection would.
+                    await self._drop(session, "its authorization was refused")
+                    if attempt == 1:
+                        continue
                 broken = _broken(exc) or session.transport_closed()
                 if broken:
                     await self._drop(session, f"the connection broke: {type(_leaf(exc)).__name__}")
