@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import contextlib
 import contextvars
@@ -172,12 +173,20 @@ class PooledSession:
     calls: int = 0
     in_flight: dict[int, _Call] = field(default_factory=dict)
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    http_errors: list[int] = field(default_factory=list)
-    refresh_timer: asyncio.TimerHandle | None = None
+    # (POST number, status) of recent POSTs: >= 400 is a failure, None a success. The SDK turns an
+    # HTTP error into a generic protocol error; the latest failing POST of a call names it.
+    posts: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
+    post_count: int = 0
 
     async def record_status(self, response: httpx2.Response) -> None:
-        if response.status_code >= 400 and response.request.method == "POST":
-            self.http_errors.append(response.status_code)
+        if response.request.method == "POST":
+            self.post_count += 1
+            self.posts.append(
+                (self.post_count, response.status_code if response.status_code >= 400 else None)
+            )
+
+    def statuses_since(self, count: int) -> list[int | None]:
+        return [status for number, status in self.posts if number > count]
 
     def transport_closed(self) -> bool:
         """The connection is known dead: the runner ended, or the SDK's dispatcher saw EOF.
@@ -325,7 +334,7 @@ class SessionPool:
             session = await self._acquire(key, conn, doing, limit)
             call = _Call(session=session, read_only=read_only, on_elicit=on_elicit)
             refusals_before = len(session.guard.refusals) if session.guard is not None else 0
-            errors_before = len(session.http_errors)
+            posts_before = session.post_count
             started = False
             try:
                 with anyio.fail_after(limit) as scope:
@@ -359,7 +368,7 @@ class SessionPool:
                     _describe(conn, doing, SDKError(CONNECTION_CLOSED, "Connection closed"), limit, "")
                 ) from None
             except Exception as exc:
-                refused_auth = conn.auth is not None and 401 in session.http_errors[errors_before:]
+                refused_auth = conn.auth is not None and 401 in session.statuses_since(posts_before)
                 if refused_auth:
                     # The authorization this session was opened with is gone (revoked, expired past
                     # refreshing): the server did not run the call. A new session asks afresh and
@@ -380,7 +389,7 @@ class SessionPool:
                     exc,
                     limit,
                     refusal=refusals[0] if refusals else None,
-                    http_status=(session.http_errors[errors_before:] or [None])[0],
+                    http_status=(session.statuses_since(posts_before) or [None])[-1],
                     errlog=session.errlog,
                 ) from None
         raise AssertionError("unreachable")  # pragma: no cover
@@ -495,7 +504,7 @@ class SessionPool:
                 exc,
                 limit,
                 refusal=refusals[0] if refusals else None,
-                http_status=(session.http_errors or [None])[0],
+                http_status=(session.statuses_since(0) or [None])[-1],
                 errlog=session.errlog,
             )
         )
