@@ -177,6 +177,7 @@ class PooledSession:
     # HTTP error into a generic protocol error; the latest failing POST of a call names it.
     posts: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
     post_count: int = 0
+    refresh_timer: asyncio.TimerHandle | None = None
 
     async def record_status(self, response: httpx2.Response) -> None:
         if response.request.method == "POST":
