@@ -428,6 +428,8 @@ XAGENT_MEMORY_MAX_PER_USER = _positive_int("XAGENT_MEMORY_MAX_PER_USER", 1000)
 # A runner holds a Session's lease this long past its last write or heartbeat; a runner lost
 # with its worker (a crash, SIGKILL) is replaced once it lapses.
 XAGENT_RUNNER_LEASE_SECONDS = _positive_int("XAGENT_RUNNER_LEASE_SECONDS", 60)
+# How long an MCP server's question (elicitation) waits for a person before it is declined.
+XAGENT_ELICITATION_TIMEOUT_SECONDS = _positive_int("XAGENT_ELICITATION_TIMEOUT_SECONDS", 600)
 # Faster than the lease (runtime/presence.py): every process that runs slices refreshes a
 # presence row this often; a lease holder not seen for the timeout (or, on this host, whose
 # process is gone) has its lease expired by the next recovery sweep, run this often (beat in

@@ -78,3 +78,21 @@ class GoalDecision(models.TextChoices):
     CONTINUE = "continue", "Continue"
     DONE = "done", "Done"
     STOP = "stop", "Stop"
+
+
+class InputRequestStatus(models.TextChoices):
+    """An MCP server's elicitation: waiting for a person, then how it ended."""
+
+    PENDING = "pending", "Pending"
+    ACCEPTED = "accepted", "Accepted"
+    DECLINED = "declined", "Declined"
+    CANCELLED = "cancelled", "Cancelled"
+    EXPIRED = "expired", "Expired"
+
+
+class InputRequestAction(models.TextChoices):
+    """What the server is told (MCP `ElicitResult.action`); CONTRACT `input.answered`."""
+
+    ACCEPT = "accept", "Accept"
+    DECLINE = "decline", "Decline"
+    CANCEL = "cancel", "Cancel"

@@ -18,6 +18,8 @@ from .choices import (
     GoalDecision,
     GoalRunStatus,
     InputKind,
+    InputRequestAction,
+    InputRequestStatus,
     InputStatus,
     MemoryKind,
     PlanTaskStatus,
@@ -532,3 +534,44 @@ class GoalRun(TenantOwnedModel):
     @property
     def is_open(self) -> bool:
         return self.status in self.OPEN_STATUSES
+
+
+class InputRequest(TenantOwnedModel):
+    """An MCP server's `elicitation/create` during a running tool call: a question for a person.
+
+    SessionEngine owns it (`runtime/engine/elicitation.py`): the tool's handler creates it and
+    waits; a person answers (browser, API, WebSocket), the wait times out (`expired`, the server
+    is told `decline`) or an interrupt cancels it. The answer fields are its audit record, like a
+    PendingApproval's decision fields.
+    """
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="input_requests")
+    turn = models.ForeignKey("Turn", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    call_id = models.CharField(max_length=200, help_text="the tool call during which the server asked")
+    server = models.CharField(max_length=200, help_text="the MCP server's name")
+    tool = models.CharField(max_length=200, help_text="the tool the model called")
+    message = models.TextField(help_text="the server's question, as it sent it")
+    schema = models.JSONField(default=dict, help_text="the requested schema (flat object of primitives)")
+    status = models.CharField(
+        max_length=10, choices=InputRequestStatus.choices, default=InputRequestStatus.PENDING
+    )
+    action = models.CharField(max_length=10, choices=InputRequestAction.choices, blank=True)
+    content = models.JSONField(null=True, blank=True, help_text="the accepted answer, as sent to the server")
+    requested_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    answered_at = models.DateTimeField(null=True, blank=True)
+    answered_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="empty when nobody answered (expired, or cancelled by an interrupt)",
+    )
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["session", "status"])]
+
+    def __str__(self) -> str:
+        return f"input request #{self.pk} from {self.server} ({self.status})"

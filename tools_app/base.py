@@ -51,6 +51,22 @@ class SessionPort(Protocol):
 
     def delegate(self, *, request: str, files: list[str], session_id, title: str, call_id: str) -> dict: ...
 
+    # A question for a person in the middle of a call (MCP elicitation): committed as a pending
+    # input request, answered elsewhere (maybe another process), so the tool polls for it.
+    def request_input(
+        self, *, call_id: str, server: str, tool: str, message: str, schema: dict, timeout_seconds: float
+    ) -> int: ...
+
+    def input_answer(self, request_id: int) -> dict | None:
+        """`{"status", "action", "content"}` once answered (or expired/cancelled); None while pending."""
+
+    def close_input(self, request_id: int, *, expired: bool) -> dict:
+        """Nobody answered in time (`expired`) or the turn is interrupted: close it; returns the
+        final answer (a person's, if theirs got there first)."""
+
+    def interrupted(self) -> bool:
+        """True once the person interrupted the turn: a tool waiting on them stops waiting."""
+
 
 @dataclass
 class ToolContext:

@@ -168,6 +168,37 @@ class RuntimeSessionPort:
         )
         return [memory.as_dict(m) for m in found]
 
+    # --- MCP elicitation: SessionEngine's input requests (engine/elicitation.py) ---------------
+    # These run in the MCP client's worker thread while the step waits on the tool call; events
+    # they write move the Session's seq, so the slice's writer re-reads it at its next commit.
+
+    def request_input(
+        self, *, call_id: str, server: str, tool: str, message: str, schema: dict, timeout_seconds: float
+    ) -> int:
+        request = engine.request_input(
+            self.context.session_id,
+            self.context.token,
+            call_id=call_id,
+            server=server,
+            tool=tool,
+            message=message,
+            schema=schema,
+            timeout_seconds=timeout_seconds,
+        )
+        self.context.writer.forget()
+        return request.pk
+
+    def input_answer(self, request_id: int) -> dict | None:
+        return engine.input_answer(request_id)
+
+    def close_input(self, request_id: int, *, expired: bool) -> dict:
+        engine.close_input(request_id, expired=expired)
+        self.context.writer.forget()
+        return engine.input_answer(request_id) or {"status": "pending", "action": "decline", "content": None}
+
+    def interrupted(self) -> bool:
+        return engine.queued_inputs(self.context.session_id, [InputKind.INTERRUPT]).exists()
+
 
 class SliceContext:
     """What a runner slice reads once and reuses step after step: the Session's facts, its

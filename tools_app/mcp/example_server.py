@@ -6,6 +6,7 @@
 It is a separate process speaking only MCP, so it must not import Django. `save_note` writes
 only inside a temporary directory of its own; `show_auth` echoes the credential it received
 (the `Authorization` header over HTTP, `EXAMPLE_TOKEN` over stdio) so redaction can be tested.
+`ask_preference` asks the person a question mid-call (elicitation) and returns what it got.
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ import re
 import tempfile
 import time
 from pathlib import Path
+from typing import Annotated, Literal
 
+from mcp.server.elicitation import ElicitationResult
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.resolve import Elicit, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
+from pydantic import BaseModel, Field
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
@@ -115,6 +120,34 @@ async def pause_and_write(label: str, seconds: float = 0.3) -> str:
     started = time.time()
     await asyncio.sleep(max(0.0, min(seconds, 5.0)))
     return json.dumps({"label": label, "started": started, "ended": time.time()})
+
+
+class Preference(BaseModel):
+    """What `ask_preference` asks: one field of each kind an elicitation form can have."""
+
+    name: str = Field(description="Who is answering", min_length=1, max_length=100)
+    drink: Literal["coffee", "tea", "water"] = Field(description="The drink to bring")
+    cups: int = Field(default=2, ge=1, le=10, description="How many cups")
+    sugar: bool = Field(default=False, description="With sugar")
+
+
+def _ask_about(topic: str) -> Elicit[Preference]:
+    # A resolver, not `ctx.elicit`: the SDK then asks the way the negotiated protocol wants
+    # (a server-to-client request mid-call, or an input-required result the client retries).
+    return Elicit(f"Drinks for {topic}: what should I bring?", Preference)
+
+
+@server.tool(
+    description="Ask the person which drink to bring (an elicitation), and return their answer.",
+    annotations=READ_ONLY,
+    structured_output=False,
+)
+async def ask_preference(
+    topic: str, answer: Annotated[ElicitationResult[Preference], Resolve(_ask_about)]
+) -> str:
+    if answer.action == "accept":
+        return json.dumps({"action": "accept", "content": answer.data.model_dump()}, sort_keys=True)
+    return json.dumps({"action": answer.action})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,15 +8,25 @@ own error messages never carry a secret value.
 
 from __future__ import annotations
 
+import logging
+import time
+
+from django.conf import settings
+from django.db import connection as db_connection
+
 from approvals_app.choices import Risk
 from tools_app.base import Tool, ToolContext, ToolError, ToolResult
 from tools_app.models import MCPServer
 from tools_app.secrets import tenant_secret_values
 
-from .client import AuthorizationRequired, MCPError, call_tool, connection_for
+from .client import AuthorizationRequired, ElicitAnswer, ElicitHandler, MCPError, call_tool, connection_for
 from .sync import record_server_error, record_server_ok
 
 SUMMARY_CHARS = 160
+# How often a waiting elicitation re-reads its request (the answer may come from another process).
+ELICITATION_POLL_SECONDS = 0.25
+
+logger = logging.getLogger(__name__)
 
 
 class MCPTool(Tool):
@@ -75,7 +85,12 @@ class MCPTool(Tool):
         try:
             conn = connection_for(server, tenant_secret_values(server.tenant_id))
             remote = call_tool(
-                conn, self.remote_name, args, timeout=server.timeout_seconds, read_only=self.read_only
+                conn,
+                self.remote_name,
+                args,
+                timeout=server.timeout_seconds,
+                read_only=self.read_only,
+                on_elicit=self._elicitation_handler(ctx, server.name),
             )
         except MCPError as exc:
             # One failed call says the server is in trouble, not that its tools are gone:
@@ -98,3 +113,41 @@ class MCPTool(Tool):
         )
         data = {"server": server.name, "tool": self.remote_name}
         return ToolResult(content=content, summary=summary, is_error=remote.is_error, data=data)
+
+    def _elicitation_handler(self, ctx: ToolContext, server_name: str) -> ElicitHandler | None:
+        """The server's questions during this call become input requests of the Session, answered
+        by a person; without a Session that can hold them (a port lacking the operations), the
+        client declines them as unsupported."""
+        port = ctx.port
+        if not hasattr(port, "request_input"):
+            return None
+
+        def on_elicit(message: str, schema: dict) -> ElicitAnswer:
+            # Runs in the MCP client's worker thread: its own database connection, closed here.
+            try:
+                return _wait_for_person(port, ctx.call_id, server_name, self.name, message, schema)
+            finally:
+                db_connection.close()
+
+        return on_elicit
+
+
+def _wait_for_person(port, call_id: str, server: str, tool: str, message: str, schema: dict) -> ElicitAnswer:
+    """Commit the request, then poll until someone answers, the deadline passes (expired: the
+    server is told decline) or the turn is interrupted (cancelled: told cancel)."""
+    timeout = float(settings.XAGENT_ELICITATION_TIMEOUT_SECONDS)
+    request_id = port.request_input(
+        call_id=call_id, server=server, tool=tool, message=message, schema=schema, timeout_seconds=timeout
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = port.input_answer(request_id)
+        if answer is None:
+            if port.interrupted():
+                answer = port.close_input(request_id, expired=False)
+            elif time.monotonic() >= deadline:
+                answer = port.close_input(request_id, expired=True)
+        if answer is not None:
+            logger.info("input request %s answered %s (%s)", request_id, answer["action"], answer["status"])
+            return ElicitAnswer(action=answer["action"] or "decline", content=answer.get("content"))
+        time.sleep(ELICITATION_POLL_SECONDS)

@@ -11,7 +11,8 @@ One facade over a small package, split by fact:
 - `compaction`: context compression (checkpoints; the summary itself is SummaryService's);
 - `goals`: the goals, a turn's `preparing` phase and the outer loop's evidence and add-only commit;
 - `delegation`: tasks handed to sub-Sessions and their results returned as session events;
-- `recovery`: what a runner that took over from a lost one normalises first.
+- `recovery`: what a runner that took over from a lost one normalises first;
+- `elicitation`: pending MCP input requests of a running tool call and their answers.
 """
 
 from .compaction import (
@@ -37,6 +38,18 @@ from .context import (
     skills_text,
     system_prompt,
     without_memories,
+)
+from .elicitation import (
+    AlreadyAnswered,
+    InvalidAnswer,
+    answer_input,
+    cancel_input,
+    cancel_open_requests,
+    close_input,
+    expire_input,
+    input_answer,
+    request_input,
+    validate_answer,
 )
 from .delegation import DelegationRefused, delegate, report_to_parent
 from .fencing import LeaseLost, RunnerWriter, StaleSlice, lease_duration, locked_session
@@ -101,6 +114,16 @@ from .turns import (
 )
 
 __all__ = [
+    "AlreadyAnswered",
+    "InvalidAnswer",
+    "answer_input",
+    "cancel_input",
+    "cancel_open_requests",
+    "close_input",
+    "expire_input",
+    "input_answer",
+    "request_input",
+    "validate_answer",
     "DelegationRefused",
     "delegate",
     "report_to_parent",

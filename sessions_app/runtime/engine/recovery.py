@@ -36,6 +36,7 @@ from ...choices import CallPurpose, InputStatus, SessionStatus, TurnReason
 from ...models import Input, Message, ModelCall, Session
 from ..events import emit
 from .compaction import settle_pending_compaction
+from .elicitation import cancel_open_requests
 from .fencing import locked_session
 from .history import INTERRUPTED_CALL_TEXT, record_tool_result, unanswered_calls
 from .turns import ACTIVE_STATUSES, end_turn, fail_without_turn
@@ -85,6 +86,8 @@ def recover_lost_runner(session_id, token, rerun_kind: Callable[[str], str] | No
 
         # Before anything ends a turn here: a goal run never goes on by itself after a lost runner.
         goal_driver.pause_after_recovery(session)
+        # The lost runner's tool call was waiting on these: no server is listening for them now.
+        cancel_open_requests(session)
         recovery = Recovery()
         recovery.interrupted_model_calls = _close_open_model_calls(session)
         queued = Input.objects.filter(session_id=session.pk, status=InputStatus.QUEUED).count()

@@ -11,6 +11,7 @@ from ...choices import InputKind, Role, SessionKind, SessionStatus, TurnReason
 from ...models import Delivery, Input, Message, Session, Turn
 from .. import deliveries, memory
 from ..events import emit
+from .elicitation import cancel_open_requests
 from .fencing import RunnerWriter, locked_session
 from .history import append_message, record_tool_result, unanswered_calls
 from .sessions import consume_inputs, queued_inputs, workspace_dir
@@ -264,6 +265,9 @@ def take_boundary(session_id, token, on_parked=None) -> Boundary:
         if interrupts:
             turn = session.current_turn
             consume_inputs(interrupts, turn)
+            # A question a server asked during the turn is moot now (its waiting call normally
+            # cancelled it already; this covers a call that is gone).
+            cancel_open_requests(session)
             if (
                 turn is not None
                 and session.status == SessionStatus.WAITING_APPROVAL
