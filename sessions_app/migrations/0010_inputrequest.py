@@ -6,37 +6,107 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('sessions_app', '0009_goalrun'),
-        ('tenancy_app', '0003_tenant_auto_resume_after_recovery'),
+        ("sessions_app", "0009_goalrun"),
+        ("tenancy_app", "0003_tenant_auto_resume_after_recovery"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='InputRequest',
+            name="InputRequest",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('call_id', models.CharField(help_text='the tool call during which the server asked', max_length=200)),
-                ('server', models.CharField(help_text="the MCP server's name", max_length=200)),
-                ('tool', models.CharField(help_text='the tool the model called', max_length=200)),
-                ('message', models.TextField(help_text="the server's question, as it sent it")),
-                ('schema', models.JSONField(default=dict, help_text='the requested schema (flat object of primitives)')),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('accepted', 'Accepted'), ('declined', 'Declined'), ('cancelled', 'Cancelled'), ('expired', 'Expired')], default='pending', max_length=10)),
-                ('action', models.CharField(blank=True, choices=[('accept', 'Accept'), ('decline', 'Decline'), ('cancel', 'Cancel')], max_length=10)),
-                ('content', models.JSONField(blank=True, help_text='the accepted answer, as sent to the server', null=True)),
-                ('requested_at', models.DateTimeField(auto_now_add=True)),
-                ('expires_at', models.DateTimeField()),
-                ('answered_at', models.DateTimeField(blank=True, null=True)),
-                ('answered_by', models.ForeignKey(blank=True, help_text='empty when nobody answered (expired, or cancelled by an interrupt)', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('session', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='input_requests', to='sessions_app.session')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenancy_app.tenant')),
-                ('turn', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='sessions_app.turn')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "call_id",
+                    models.CharField(help_text="the tool call during which the server asked", max_length=200),
+                ),
+                ("server", models.CharField(help_text="the MCP server's name", max_length=200)),
+                ("tool", models.CharField(help_text="the tool the model called", max_length=200)),
+                ("message", models.TextField(help_text="the server's question, as it sent it")),
+                (
+                    "schema",
+                    models.JSONField(
+                        default=dict, help_text="the requested schema (flat object of primitives)"
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("accepted", "Accepted"),
+                            ("declined", "Declined"),
+                            ("cancelled", "Cancelled"),
+                            ("expired", "Expired"),
+                        ],
+                        default="pending",
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "action",
+                    models.CharField(
+                        blank=True,
+                        choices=[("accept", "Accept"), ("decline", "Decline"), ("cancel", "Cancel")],
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "content",
+                    models.JSONField(
+                        blank=True, help_text="the accepted answer, as sent to the server", null=True
+                    ),
+                ),
+                ("requested_at", models.DateTimeField(auto_now_add=True)),
+                ("expires_at", models.DateTimeField()),
+                ("answered_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "answered_by",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="empty when nobody answered (expired, or cancelled by an interrupt)",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "session",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="input_requests",
+                        to="sessions_app.session",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="+", to="tenancy_app.tenant"
+                    ),
+                ),
+                (
+                    "turn",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="sessions_app.turn",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['id'],
-                'indexes': [models.Index(fields=['session', 'status'], name='sessions_ap_session_b50ab0_idx')],
+                "ordering": ["id"],
+                "indexes": [
+                    models.Index(fields=["session", "status"], name="sessions_ap_session_b50ab0_idx")
+                ],
             },
         ),
     ]

@@ -39,6 +39,7 @@ from .context import (
     system_prompt,
     without_memories,
 )
+from .delegation import DelegationRefused, delegate, report_to_parent
 from .elicitation import (
     AlreadyAnswered,
     InvalidAnswer,
@@ -51,7 +52,6 @@ from .elicitation import (
     request_input,
     validate_answer,
 )
-from .delegation import DelegationRefused, delegate, report_to_parent
 from .fencing import LeaseLost, RunnerWriter, StaleSlice, lease_duration, locked_session
 from .goals import (
     apply_understanding,

@@ -136,7 +136,9 @@ def cancel_open_requests(session) -> int:
     them any more (an interrupt was applied, or a lost runner's call is being closed)."""
     cancelled = 0
     for request in InputRequest.objects.filter(session_id=session.pk, status=InputRequestStatus.PENDING):
-        if _close(request, InputRequestStatus.CANCELLED, InputRequestAction.CANCEL, by="interrupt", session=session):
+        if _close(
+            request, InputRequestStatus.CANCELLED, InputRequestAction.CANCEL, by="interrupt", session=session
+        ):
             cancelled += 1
     return cancelled
 
