@@ -18,6 +18,7 @@ from .models import (
     Delivery,
     GoalRun,
     Input,
+    InputRequest,
     Memory,
     Message,
     ModelCall,
@@ -204,6 +205,26 @@ class SessionAdmin(ReadOnlyTenantScopedAdmin):
 class InputAdmin(ReadOnlyTenantScopedAdmin):
     list_display = ["id", "session", "kind", "status", "created_at", "consumed_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "kind", "status"]
+
+
+@admin.register(InputRequest)
+class InputRequestAdmin(ReadOnlyTenantScopedAdmin):
+    """Read-only audit of MCP servers' questions (elicitation): who answered what, and when;
+    answered through the Session (browser, API, WebSocket), never here."""
+
+    list_display = [
+        "id",
+        "session",
+        "server",
+        "tool",
+        "status",
+        "action",
+        "answered_by",
+        "requested_at",
+        "answered_at",
+    ]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "status", "server"]
+    search_fields = ["server", "tool", "call_id", "message"]
 
 
 @admin.register(Message)

@@ -12,7 +12,7 @@ from channels.db import database_sync_to_async
 
 from tenancy_app.ws import CLOSE_NOT_FOUND, TenantScopedConsumer
 
-from .api.serializers import DecisionFrameSerializer, InputCreateSerializer
+from .api.serializers import DecisionFrameSerializer, InputAnswerFrameSerializer, InputCreateSerializer
 from .models import Session, SessionEvent
 from .runtime import brain
 from .runtime.engine import workspace_path
@@ -117,8 +117,20 @@ class SessionConsumer(TenantScopedConsumer):
                 await self.send_json(
                     {"seq": None, "type": "ack", "data": {"approval_id": approval_id, "status": message}}
                 )
+        elif kind == "answer_input":
+            code, message, details = await self._answer_input(content)
+            request_id = content.get("request_id")
+            request_id = (
+                request_id if isinstance(request_id, int) and not isinstance(request_id, bool) else None
+            )
+            if code:
+                await self.send_error(code, message, details=details, request_id=request_id)
+            else:
+                await self.send_json(
+                    {"seq": None, "type": "ack", "data": {"request_id": request_id, "status": message}}
+                )
         else:
-            await self.send_error("unknown_frame", "Frames are {type: input|interrupt|decide}.")
+            await self.send_error("unknown_frame", "Frames are {type: input|interrupt|decide|answer_input}.")
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -165,6 +177,43 @@ class SessionConsumer(TenantScopedConsumer):
         except AlreadyDecided as exc:
             return "already_decided", f"This approval was already {exc.approval.status}.", None
         return "", approval.status, approval.pk
+
+    @database_sync_to_async
+    def _answer_input(self, content) -> tuple[str, str, dict | None]:
+        """The same owner operation as POST /sessions/{id}/input-requests/{rid}/answer/.
+        Returns (error code, message or the new status, error details)."""
+        from .models import InputRequest
+        from .runtime import approvals, engine
+
+        body = InputAnswerFrameSerializer(data=content)
+        if not body.is_valid():
+            return "validation_error", "The answer_input frame is not valid; see details.", body.errors
+        request = (
+            InputRequest.objects.for_tenant(self.tenant)
+            .filter(pk=body.validated_data["request_id"], session_id=self.session.pk)
+            .first()
+        )
+        if request is None:
+            return "not_found", "No such input request in this session.", None
+        # The role is read again (not the socket's membership from connect), as for `decide`.
+        if not approvals.may_answer_input(request, self.scope["user"]):
+            return "permission_denied", "You may not answer this request.", None
+        try:
+            request = engine.answer_input(
+                request,
+                body.validated_data["action"],
+                body.validated_data.get("content"),
+                user=self.scope["user"],
+            )
+        except engine.InvalidAnswer as exc:
+            return (
+                "validation_error",
+                "The answer does not fit the requested schema; see details.",
+                {"content": exc.errors},
+            )
+        except engine.AlreadyAnswered as exc:
+            return "already_decided", f"This request was already {exc.request.status}.", None
+        return "", request.status, None
 
     @database_sync_to_async
     def _load_session(self, session_id):

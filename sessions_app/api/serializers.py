@@ -9,7 +9,15 @@ from config.api import ParameterError
 from tools_app.base import ToolError
 from tools_app.workspace import relative_posix, resolve_in_workspace
 
-from ..choices import GoalDecision, InputKind, InputStatus, PlanTaskStatus, SessionKind
+from ..choices import (
+    GoalDecision,
+    InputKind,
+    InputRequestAction,
+    InputRequestStatus,
+    InputStatus,
+    PlanTaskStatus,
+    SessionKind,
+)
 from ..models import (
     Delivery,
     GoalRun,
@@ -442,6 +450,50 @@ class DecisionFrameSerializer(DecisionSerializer):
     """A WebSocket `decide` frame: the REST body plus the approval it is about."""
 
     approval_id = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
+
+
+class InputRequestSerializer(serializers.Serializer):
+    """An MCP server's question (elicitation) during a tool call, and how it was answered."""
+
+    id = serializers.IntegerField()
+    session = serializers.UUIDField(source="session_id")
+    call_id = serializers.CharField()
+    server = serializers.CharField()
+    tool = serializers.CharField()
+    message = serializers.CharField()
+    schema = serializers.JSONField(help_text="the requested schema: a flat object of primitive fields")
+    status = serializers.ChoiceField(choices=InputRequestStatus.choices)
+    action = serializers.CharField(help_text="accept/decline/cancel once answered (expired: decline)")
+    content = serializers.JSONField(allow_null=True, help_text="the accepted answer")
+    requested_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    answered_at = serializers.DateTimeField(allow_null=True)
+    answered_by = serializers.SerializerMethodField()
+    can_answer = serializers.SerializerMethodField(help_text="the caller may answer it now")
+
+    def get_answered_by(self, obj) -> str | None:
+        return obj.answered_by.get_username() if obj.answered_by_id else None
+
+    def get_can_answer(self, obj) -> bool:
+        request = self.context.get("request")
+        if request is None or obj.status != InputRequestStatus.PENDING:
+            return False
+        return approvals.may_answer_input(obj, request.user, getattr(request, "membership", None))
+
+
+class InputAnswerSerializer(serializers.Serializer):
+    action = serializers.ChoiceField(choices=InputRequestAction.choices)
+    content = serializers.DictField(
+        required=False,
+        allow_null=True,
+        help_text="with accept: the requested fields (checked against the request's schema)",
+    )
+
+
+class InputAnswerFrameSerializer(InputAnswerSerializer):
+    """A WebSocket `answer_input` frame: the REST body plus the request it answers."""
+
+    request_id = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
 
 
 class WorkspaceEntrySerializer(serializers.Serializer):

@@ -56,5 +56,15 @@ urlpatterns = [
         SessionViewSet.as_view({"get": "model_call_detail"}),
         name="session-model-call",
     ),
+    re_path(
+        rf"{SESSION}/input-requests/(?P<request_id>[0-9]+)/$",
+        SessionViewSet.as_view({"get": "input_request_detail"}),
+        name="session-input-request",
+    ),
+    re_path(
+        rf"{SESSION}/input-requests/(?P<request_id>[0-9]+)/answer/$",
+        SessionViewSet.as_view({"post": "input_request_answer"}),
+        name="session-input-request-answer",
+    ),
     *router.urls,
 ]

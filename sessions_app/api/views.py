@@ -19,8 +19,8 @@ from config.schema import error
 from tenancy_app.api.viewsets import TenantScopedViewSet
 from tenancy_app.throttling import caller_ident
 
-from ..choices import CallPurpose, SessionStatus
-from ..models import ModelCall, Plan, Session
+from ..choices import CallPurpose, InputRequestStatus, SessionStatus
+from ..models import InputRequest, ModelCall, Plan, Session
 from ..runtime import approvals, brain, engine, goal_driver
 from . import longpoll
 from .files import SessionFilesMixin
@@ -32,7 +32,9 @@ from .serializers import (
     GoalRunCreateSerializer,
     GoalRunSerializer,
     InputAcceptedSerializer,
+    InputAnswerSerializer,
     InputCreateSerializer,
+    InputRequestSerializer,
     MessageSerializer,
     ModelCallDetailSerializer,
     ModelCallSerializer,
@@ -279,6 +281,60 @@ class SessionViewSet(
         context = self.get_serializer_context()
         return self.get_paginated_response(ApprovalSerializer(page, many=True, context=context).data)
 
+    # --- MCP input requests (elicitation; runtime/engine/elicitation.py) -----------------------------
+
+    @extend_schema(
+        parameters=[OpenApiParameter("status", str, enum=InputRequestStatus.values)],
+        responses=InputRequestSerializer(many=True),
+    )
+    @action(detail=True, methods=["get"], url_path="input-requests", pagination_class=HistoryPagination)
+    def input_requests(self, request, pk=None):
+        """Questions MCP servers asked during this Session's tool calls, oldest first."""
+        rows = _input_requests(request, self.get_object())
+        wanted = request.query_params.get("status")
+        if wanted:
+            if wanted not in InputRequestStatus.values:
+                raise ParameterError("status", f"must be one of {', '.join(InputRequestStatus.values)}")
+            rows = rows.filter(status=wanted)
+        page = self.paginate_queryset(rows)
+        context = self.get_serializer_context()
+        return self.get_paginated_response(InputRequestSerializer(page, many=True, context=context).data)
+
+    @extend_schema(
+        operation_id="sessions_input_requests_retrieve",
+        parameters=[OpenApiParameter("request_id", int, OpenApiParameter.PATH)],
+        responses=InputRequestSerializer,
+    )
+    def input_request_detail(self, request, pk=None, request_id=None):
+        row = _input_request_or_404(request, self.get_object(), request_id)
+        return Response(InputRequestSerializer(row, context=self.get_serializer_context()).data)
+
+    @extend_schema(
+        operation_id="sessions_input_requests_answer",
+        summary="Answer an MCP server's question: accept (with content fitting its schema), decline or cancel",
+        parameters=[OpenApiParameter("request_id", int, OpenApiParameter.PATH)],
+        request=InputAnswerSerializer,
+        responses={
+            200: InputRequestSerializer,
+            409: error("`already_decided`: the request was answered, expired or cancelled before."),
+        },
+    )
+    def input_request_answer(self, request, pk=None, request_id=None):
+        row = _input_request_or_404(request, self.get_object(), request_id)
+        body = InputAnswerSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        if not approvals.may_answer_input(row, request.user, request.membership):
+            raise PermissionDenied("You may not answer this request.")
+        try:
+            row = engine.answer_input(
+                row, body.validated_data["action"], body.validated_data.get("content"), user=request.user
+            )
+        except engine.InvalidAnswer as exc:
+            raise serializers.ValidationError({"content": exc.errors}) from None
+        except engine.AlreadyAnswered as exc:
+            raise Conflict("already_decided", f"This request was already {exc.request.status}.") from None
+        return Response(InputRequestSerializer(row, context=self.get_serializer_context()).data)
+
     @extend_schema(responses=PlanResponseSerializer)
     @action(detail=True, methods=["get"], pagination_class=None)
     def plan(self, request, pk=None):
@@ -336,6 +392,27 @@ class SessionViewSet(
         with _goal_run_errors():
             run = goal_driver.stop(session.pk, user=request.user)
         return Response(GoalRunSerializer(run).data)
+
+
+def _input_requests(request, session):
+    return (
+        InputRequest.objects.for_tenant(request.tenant).filter(session=session).select_related("answered_by")
+    )
+
+
+def _input_request_or_404(request, session, request_id):
+    try:
+        wanted = int(request_id)
+    except (TypeError, ValueError):
+        wanted = None
+    row = (
+        _input_requests(request, session).filter(pk=wanted).first()
+        if wanted and wanted < MAX_INT_PARAM
+        else None
+    )
+    if row is None:
+        raise NotFound("No input request matches the given query.")
+    return row
 
 
 def _goal_run_or_404(session):

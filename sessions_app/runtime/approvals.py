@@ -114,6 +114,22 @@ def may_decide(approval: PendingApproval, user, membership=None) -> bool:
     )
 
 
+def may_answer_input(request, user, membership=None) -> bool:
+    """May `user` answer an MCP input request (elicitation) of a Session? The same people who may
+    decide that Session's approvals under the default deciders: its owner and the tenant's
+    owners and admins (a server's question is not matched by any approval rule)."""
+    from approvals_app.policy import can_decide, default_deciders
+
+    if user is None or not getattr(user, "is_authenticated", False):
+        return False
+    if membership is None:
+        membership = Membership.objects.filter(tenant_id=request.tenant_id, user=user).first()
+    if membership is None or membership.user_id != user.pk or membership.tenant_id != request.tenant_id:
+        return False
+    owner_id = Session.objects.filter(pk=request.session_id).values_list("owner_id", flat=True).first()
+    return can_decide(default_deciders(), user_id=user.pk, session_owner_id=owner_id, role=membership.role)
+
+
 def visible_to(queryset, user, membership):
     """The approvals of `queryset` this person may see, as one query filter (list, detail, decide
     and a Session's sub-list all use it, so what is absent from a list is a 404 on its own route).
