@@ -17,6 +17,10 @@
  * card turns decided on the `ack`, on the `approval.decided` event or on a re-read, whichever
  * comes first — all three say the same thing, so the order does not matter.
  *
+ * Input requests (MCP elicitation: a server's question during a tool call) are input_requests.js's
+ * cards; this script feeds them the `input.requested` / `input.answered` events and puts a note in
+ * the timeline for each.
+ *
  * Goal runs: the Goal run card (goal_run.js) starts from the run the page was rendered with and
  * reads `…/goal-run/` again on every live `goal.*` (and `turn.ended` while the run is open); the timeline says what the driver did from the `goal.*` events
  * (like every note, rebuilt from the log on a reload), and a round's message (`goal_round`) is
@@ -77,6 +81,11 @@
     childrenCount: $("children-count"),
   };
   const USERNAME = ($("session-app") && $("session-app").dataset.username) || "";
+  // Questions MCP servers ask during tool calls (input_requests.js).
+  const inputPanel =
+    window.xagent.inputRequests && $("input-requests")
+      ? window.xagent.inputRequests.panel({ container: $("input-requests"), sessionApi: boot.api, onChange: () => updateDocumentTitle() })
+      : null;
 
   const state = {
     lastSeq: boot.backlogFrom, // the WebSocket's `after`: highest seq received
@@ -149,7 +158,8 @@
   function updateDocumentTitle() {
     const title = state.title || ui.title.textContent || "Untitled session";
     const waiting = [...state.approvalCards.values()].some((card) => card.dataset.status === "pending");
-    document.title = `${waiting ? "Approval needed · " : ""}${title} · xAgent workspace`;
+    const asked = !waiting && inputPanel && inputPanel.pending();
+    document.title = `${waiting ? "Approval needed · " : asked ? "Input needed · " : ""}${title} · xAgent workspace`;
   }
 
   let headerRefresh = null;
@@ -1297,6 +1307,38 @@
     });
   }
 
+  /** `input.requested`: "example asks: …" where the tool call is; the card holds the form. */
+  function inputRequestedNote(seq, data, live) {
+    const ask = window.xagent.inputRequests;
+    const show = (text) => el("bdi", { text: ask ? ask.visibleControls(text) : String(text || "") });
+    eventNote(seq, data, live, () =>
+      noteItem(
+        "input-requested-note",
+        "input-note",
+        "?",
+        { requestId: data.request_id },
+        el("p", {}, "The MCP server ", el("code", {}, show(data.server)), " asked: ", el("span", { className: "note-goal" }, "“", show(excerpt(String(data.message || ""), GOAL_EXCERPT_CHARS)), "”"))
+      )
+    );
+  }
+
+  const INPUT_OUTCOMES = { accepted: "answered", declined: "declined", cancelled: "cancelled", expired: "expired (declined)" };
+
+  /** `input.answered`: how the server's question ended, and by whom. */
+  function inputAnsweredNote(seq, data, live) {
+    const status = String(data.status || { accept: "accepted", decline: "declined", cancel: "cancelled" }[data.action] || "");
+    const by = data.by && !["timeout", "interrupt", "system"].includes(data.by) ? ` by ${data.by}` : data.by === "interrupt" ? " by the interrupt" : "";
+    eventNote(seq, data, live, () =>
+      noteItem(
+        "input-answered-note",
+        "input-note",
+        status === "accepted" ? "✓" : "•",
+        { requestId: data.request_id, status },
+        el("p", { text: `Input request #${data.request_id} ${INPUT_OUTCOMES[status] || status}${by}.` })
+      )
+    );
+  }
+
   /** `goal.resumed`: who resumed it. */
   function goalResumedNote(seq, data, live) {
     eventNote(seq, data, live, () =>
@@ -2198,6 +2240,10 @@
         return `${d.tool} (${d.risk}) #${d.approval_id}`;
       case "approval.decided":
         return `#${d.approval_id} ${decisionStatus(d.decision)}${d.by ? " by " + d.by : ""}`;
+      case "input.requested":
+        return `${d.server} #${d.request_id}`;
+      case "input.answered":
+        return `#${d.request_id} ${d.action}${d.by ? " by " + d.by : ""}`;
       case "plan.updated":
         return d.plan ? d.plan.title : "";
       case "error":
@@ -2298,6 +2344,12 @@
       case "goal.resumed":
         goalResumedNote(event.seq, data, live);
         break;
+      case "input.requested":
+        inputRequestedNote(event.seq, data, live);
+        break;
+      case "input.answered":
+        inputAnsweredNote(event.seq, data, live);
+        break;
       case "error":
         if (PREPARATION_FAILURES[data.code]) preparationFailedNote(event.seq, data, live);
         break;
@@ -2332,12 +2384,19 @@
       case "session.status":
         setStatus(data.status, data.reason);
         reconcileApprovals(data.status);
+        if (inputPanel && data.status !== "running") inputPanel.reconcile();
         break;
       case "approval.requested":
         approvalRequested(data);
         break;
       case "approval.decided":
         approvalDecided(data);
+        break;
+      case "input.requested":
+        if (inputPanel) inputPanel.requested(data);
+        break;
+      case "input.answered":
+        if (inputPanel) inputPanel.answered(data);
         break;
       case "message.committed":
         if (data.role === "assistant") endStream();
@@ -2616,7 +2675,7 @@
     }
     showFirstInputFailure();
     if (files) files.load();
-    await Promise.all([loadPendingApprovals(), loadDeliveries()]);
+    await Promise.all([loadPendingApprovals(), loadDeliveries(), inputPanel ? inputPanel.load() : null]);
     connect();
     window.setInterval(refreshApprovalTimes, APPROVAL_TIMES_REFRESH_MS);
   }
