@@ -204,7 +204,17 @@
           )
         ),
         el("p", { className: "approval-message input-note", dataset: { testid: "input-note" }, attrs: { role: "alert", hidden: true } }),
-        el("p", { className: "approval-outcome-text input-outcome", dataset: { testid: "input-outcome" }, attrs: { hidden: true } })
+        el(
+          "div",
+          { className: "approval-outcome input-outcome-row", attrs: { hidden: true } },
+          el("p", { className: "approval-outcome-text input-outcome", dataset: { testid: "input-outcome" } }),
+          el("button", {
+            className: "link small",
+            attrs: { type: "button", "aria-label": "Dismiss this answered request" },
+            text: "Dismiss",
+            on: { click: () => dismiss(key) },
+          })
+        )
       );
       cards.set(key, found);
       container.append(found);
@@ -260,10 +270,17 @@
       if (at) target.dataset.answeredAt = at;
       const who = target.dataset.answeredBy && !["timeout", "interrupt", "system"].includes(target.dataset.answeredBy) ? ` by ${target.dataset.answeredBy}` : "";
       const when = target.dataset.answeredAt ? ` at ${clockTime(target.dataset.answeredAt)}` : "";
-      const outcome = target.querySelector(".input-outcome");
-      outcome.textContent = `${OUTCOMES[status] || statusLabel(status)}${who}${when}`;
-      outcome.hidden = false;
+      target.querySelector(".input-outcome").textContent = `${OUTCOMES[status] || statusLabel(status)}${who}${when}`;
+      target.querySelector(".input-outcome-row").hidden = false;
       changed();
+    }
+
+    function dismiss(key) {
+      const target = cards.get(key);
+      if (!target || target.dataset.status === "pending") return;
+      target.remove();
+      cards.delete(key);
+      sync();
     }
 
     function showFieldErrors(target, problems) {
