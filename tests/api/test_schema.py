@@ -158,6 +158,7 @@ LISTS = [
     "/api/v1/sessions/{id}/messages/",
     "/api/v1/sessions/{id}/model-calls/",
     "/api/v1/sessions/{id}/approvals/",
+    "/api/v1/sessions/{id}/input-requests/",
     "/api/v1/approvals/",
     "/api/v1/api-keys/",
     "/api/v1/tools/",
@@ -192,3 +193,34 @@ def test_history_pages_forward_in_order(schema, api_owner_a, session_id, tenant_
     assert [m["content"] for m in after["results"] + rest["results"]] == ["m2", "m3", "m4"]
     assert rest["next"] is None
     assert_matches(schema, "/api/v1/sessions/{id}/messages/", "get", 200, first)
+
+
+def test_input_requests_answer_what_the_schema_declares(schema, api_owner_a, session_id):
+    from sessions_app.runtime import engine
+
+    request = engine.request_input(
+        session_id,
+        None,
+        call_id="c1",
+        server="example",
+        tool="example__ask_preference",
+        message="Who?",
+        schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+        timeout_seconds=60,
+    )
+    base = f"/api/v1/sessions/{session_id}/input-requests/"
+    listed = api_owner_a.get(f"{base}?status=pending").json()
+    detail = api_owner_a.get(f"{base}{request.pk}/").json()
+    refused = api_owner_a.post(f"{base}{request.pk}/answer/", {"action": "accept"}, format="json")
+    answered = api_owner_a.post(
+        f"{base}{request.pk}/answer/", {"action": "accept", "content": {"name": "Ann"}}, format="json"
+    )
+    again = api_owner_a.post(f"{base}{request.pk}/answer/", {"action": "decline"}, format="json")
+
+    assert [row["id"] for row in listed["results"]] == [request.pk] and detail["can_answer"]
+    assert_matches(schema, "/api/v1/sessions/{id}/input-requests/", "get", 200, listed)
+    assert_matches(schema, "/api/v1/sessions/{id}/input-requests/{request_id}/", "get", 200, detail)
+    answer_path = "/api/v1/sessions/{id}/input-requests/{request_id}/answer/"
+    assert_matches(schema, answer_path, "post", 400, assert_error_shape(refused, 400) and refused.json())
+    assert_matches(schema, answer_path, "post", 200, answered.json())
+    assert_matches(schema, answer_path, "post", 409, assert_error_shape(again, 409) and again.json())

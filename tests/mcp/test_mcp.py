@@ -30,7 +30,17 @@ from tools_app.secrets import set_secret
 from tools_app.service import ToolService
 
 EXAMPLE = [sys.executable, "-m", "tools_app.mcp.example_server"]
-EXAMPLE_TOOLS = ["add", "echo", "fail", "pause", "pause_and_write", "save_note", "show_auth", "word_count"]
+EXAMPLE_TOOLS = [
+    "add",
+    "ask_preference",
+    "echo",
+    "fail",
+    "pause",
+    "pause_and_write",
+    "save_note",
+    "show_auth",
+    "word_count",
+]
 SECRET = "s3cr3t-value"
 
 
