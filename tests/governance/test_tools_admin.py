@@ -96,5 +96,5 @@ def test_the_admin_action_refreshes_and_reports(owner_a_admin, tenant_a):
         f"{ADMIN}/mcpserver/", {"action": "test_and_refresh", "_selected_action": [server.pk]}, follow=True
     )
     page = response.content.decode()
-    assert "xample: connected; 8 tool(s)" in page  # Django capitalizes the first letter of messages
+    assert "xample: connected; 9 tool(s)" in page  # Django capitalizes the first letter of messages
     assert Tool.objects.filter(tenant=tenant_a, mcp_server=server, name="example__add").exists()

@@ -152,7 +152,7 @@ def test_a_tenant_owner_may_disable_and_enable_an_operators_stdio_server(owner_a
     assert server.enabled and server.configured_by_operator
 
     page = refresh_action(owner_a_admin, server).content.decode()
-    assert "xample: connected; 8 tool(s)" in page  # the operator's server runs for the tenant
+    assert "xample: connected; 9 tool(s)" in page  # the operator's server runs for the tenant
 
 
 def test_the_migration_disables_tenant_stdio_servers_with_a_reason(owner_a_admin, tenant_a, marker):
@@ -221,7 +221,7 @@ def test_an_operator_adds_and_runs_a_stdio_server_in_admin(operator_admin, tenan
     assert server.configured_by_operator
 
     page = refresh_action(operator_admin, server).content.decode()
-    assert "xample: connected; 8 tool(s)" in page
+    assert "xample: connected; 9 tool(s)" in page
 
 
 def test_an_operators_save_re_enables_a_disabled_legacy_server(operator_admin, tenant_a):

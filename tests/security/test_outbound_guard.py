@@ -223,7 +223,7 @@ def test_an_allow_listed_host_works_for_a_tenant(settings, owner_a_admin, tenant
     assert not server.configured_by_operator  # still a tenant endpoint, passing the guard
 
     page = refresh_action(owner_a_admin, server).content.decode()
-    assert "emote: connected; 8 tool(s)" in page
+    assert "emote: connected; 9 tool(s)" in page
 
 
 @pytest.mark.django_db
@@ -231,7 +231,7 @@ def test_operator_mcp_endpoints_are_exempt(operator_admin, tenant_a, example_ser
     server = add_server(
         tenant_a, "example", MCPServer.Transport.STREAMABLE_HTTP, url=f"http://127.0.0.1:{example_server}/mcp"
     )
-    assert len(refresh_server(server).tools) == 8  # manage.py's path: loopback is fine
+    assert len(refresh_server(server).tools) == 9  # manage.py's path: loopback is fine
 
     response = operator_admin.post(
         f"{MCP_ADMIN}/add/", http_post(tenant_a, f"http://127.0.0.1:{example_server}/mcp", name="byroot")
