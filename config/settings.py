@@ -429,7 +429,16 @@ XAGENT_MEMORY_MAX_PER_USER = _positive_int("XAGENT_MEMORY_MAX_PER_USER", 1000)
 # with its worker (a crash, SIGKILL) is replaced once it lapses.
 XAGENT_RUNNER_LEASE_SECONDS = _positive_int("XAGENT_RUNNER_LEASE_SECONDS", 60)
 # How long an MCP server's question (elicitation) waits for a person before it is declined.
-XAGENT_ELICITATION_TIMEOUT_SECONDS = _positive_int("XAGENT_ELICITATION_TIMEOUT_SECONDS", 600)
+# The tool call waits inside the slice: a wait the slice's soft limit cuts short would end the
+# turn `error` instead of declining the question (so the default stays a minute below it).
+XAGENT_ELICITATION_TIMEOUT_SECONDS = _positive_int(
+    "XAGENT_ELICITATION_TIMEOUT_SECONDS", min(600, max(1, XAGENT_SLICE_SOFT_TIME_LIMIT - 60))
+)
+if XAGENT_ELICITATION_TIMEOUT_SECONDS >= XAGENT_SLICE_SOFT_TIME_LIMIT:
+    raise ImproperlyConfigured(
+        "Invalid value for environment variable XAGENT_ELICITATION_TIMEOUT_SECONDS: must be smaller "
+        "than XAGENT_SLICE_SOFT_TIME_LIMIT"
+    )
 # Faster than the lease (runtime/presence.py): every process that runs slices refreshes a
 # presence row this often; a lease holder not seen for the timeout (or, on this host, whose
 # process is gone) has its lease expired by the next recovery sweep, run this often (beat in

@@ -262,6 +262,11 @@ class TestSliceLimits:
 
         assert "XAGENT_SLICE_TIME_LIMIT" in message
 
+    def test_an_elicitation_wait_the_slice_would_cut_short_stops(self):
+        message = startup_error(XAGENT_SLICE_SOFT_TIME_LIMIT="300", XAGENT_ELICITATION_TIMEOUT_SECONDS="300")
+
+        assert "XAGENT_ELICITATION_TIMEOUT_SECONDS" in message
+
     def test_a_hard_limit_past_the_visibility_timeout_stops(self):
         env = production_env(
             XAGENT_VISIBILITY_TIMEOUT="600", XAGENT_SLICE_SOFT_TIME_LIMIT="300", XAGENT_SLICE_TIME_LIMIT="700"
