@@ -27,9 +27,9 @@ TOOL = "example__ask_preference"
 TOPIC = "the \u202eweiver review"  # an override the card must show by name
 
 SETUP = """
-import sys
 from sessions_app.models import ModelConfig
 from tenancy_app.models import Tenant
+from tools_app.mcp.stdio import python_module_launch
 from tools_app.mcp.sync import add_server, refresh_server
 from tools_app.models import MCPServer, Tool, ToolSet
 
@@ -38,8 +38,10 @@ ModelConfig.objects.update_or_create(
     tenant=tenant, name="scripted",
     defaults=dict(base_url="{base_url}", model="scripted-model", is_default=True, configured_by_operator=True),
 )
+launch = python_module_launch("tools_app.mcp.example_server")  # what `mcp_server add --python-module` records
 server = add_server(
-    tenant, "example", MCPServer.Transport.STDIO, command=sys.executable, args=["-m", "tools_app.mcp.example_server"]
+    tenant, "example", MCPServer.Transport.STDIO,
+    command=launch.command, args=launch.args, env=launch.env, sandbox_read_paths=launch.read_paths,
 )
 refresh_server(server)
 asking = ToolSet.objects.create(tenant=tenant, name="asking", is_default=True)

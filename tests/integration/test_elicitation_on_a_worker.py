@@ -8,7 +8,6 @@ worker whose timeout is short declines on its own."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -17,7 +16,7 @@ from channels.testing import WebsocketCommunicator
 from config.asgi import application
 from sessions_app.models import InputRequest, Turn
 from sessions_app.runtime import engine
-from tests.factories import issue_key
+from tests.factories import example_stdio_fields, issue_key
 from tests.support.model_server import text_reply, tool_call, tool_reply
 from tools_app.mcp.sync import add_server, refresh_server
 from tools_app.models import MCPServer
@@ -34,13 +33,7 @@ ANSWER = {"name": "Ann", "drink": "water", "cups": 1, "sugar": False}
 @pytest.fixture
 def asking(tenant_a, model_config_a, model_server):
     """start(client) -> a Session whose model calls the eliciting tool once, its input sent."""
-    server = add_server(
-        tenant_a,
-        "example",
-        MCPServer.Transport.STDIO,
-        command=sys.executable,
-        args=["-m", "tools_app.mcp.example_server"],
-    )
+    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, **example_stdio_fields())
     refresh_server(server)
 
     def start(client) -> str:

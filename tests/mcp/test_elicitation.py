@@ -4,7 +4,6 @@ the WebSocket, declined by its timeout or cancelled by an interrupt — and the 
 model reads says what the server got. Only the model is scripted."""
 
 import json
-import sys
 import threading
 import time
 from datetime import timedelta
@@ -18,7 +17,7 @@ from django.utils import timezone
 from config.asgi import application
 from sessions_app.models import InputRequest, Message, SessionEvent, Turn
 from sessions_app.runtime import brain, engine
-from tests.factories import issue_key
+from tests.factories import example_stdio_fields, issue_key
 from tests.runtime.helpers import assert_gap_free, drive_until_idle, new_session, send
 from tests.support.model_server import text_reply, tool_call, tool_reply
 from tests.tenancy.isolation import assert_cross_tenant_404, assert_error_shape
@@ -26,7 +25,6 @@ from tools_app.mcp.sync import add_server, refresh_server
 from tools_app.models import MCPServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
-EXAMPLE = [sys.executable, "-m", "tools_app.mcp.example_server"]
 TOOL = "example__ask_preference"
 ANSWER = {"name": "Ann", "drink": "tea", "cups": 3, "sugar": True}
 
@@ -34,7 +32,7 @@ ANSWER = {"name": "Ann", "drink": "tea", "cups": 3, "sugar": True}
 @pytest.fixture
 def asking_session(tenant_a, owner_a, model_config_a, model_server):
     """A Session whose model calls the eliciting tool once, then answers with text."""
-    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, command=EXAMPLE[0], args=EXAMPLE[1:])
+    server = add_server(tenant_a, "example", MCPServer.Transport.STDIO, **example_stdio_fields())
     refresh_server(server)
     session = new_session(tenant_a, owner_a)
     engine.add_selected_capabilities(session.pk, None, tools=[TOOL], added_by="test")
