@@ -23,6 +23,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpcore2
@@ -30,6 +31,8 @@ import httpx2
 from django.conf import settings
 from httpcore2._backends.auto import AutoBackend
 from httpcore2._backends.sync import SyncBackend
+
+E = TypeVar("E", bound=BaseException)
 
 METADATA_ADDRESSES = frozenset(
     {
@@ -250,8 +253,8 @@ def async_guarded_transport(resolver: Resolver | None = None, **kwargs) -> httpx
     return _install(httpx2.AsyncHTTPTransport(**kwargs), AsyncGuardedBackend(resolver))
 
 
-def refusal_in(exc: BaseException | None) -> OutboundRefused | None:
-    """The OutboundRefused behind `exc` (through causes, contexts and exception groups), if any."""
+def exception_in(exc: BaseException | None, kind: type[E]) -> E | None:
+    """The `kind` exception behind `exc` (through causes, contexts and exception groups), if any."""
     seen: set[int] = set()
     stack = [exc]
     while stack:
@@ -259,9 +262,14 @@ def refusal_in(exc: BaseException | None) -> OutboundRefused | None:
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, OutboundRefused):
+        if isinstance(current, kind):
             return current
         if isinstance(current, BaseExceptionGroup):
             stack.extend(current.exceptions)
         stack.extend([current.__cause__, current.__context__])
     return None
+
+
+def refusal_in(exc: BaseException | None) -> OutboundRefused | None:
+    """The OutboundRefused behind `exc`, if any."""
+    return exception_in(exc, OutboundRefused)

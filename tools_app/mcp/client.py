@@ -43,7 +43,7 @@ from mcp.types import ElicitResult, ErrorData, Implementation
 from pydantic import ValidationError
 
 from tools_app.base import ToolError
-from tools_app.net import async_guarded_transport, refusal_in
+from tools_app.net import async_guarded_transport, exception_in, refusal_in
 from tools_app.sandbox.server import CommandNotFound, ServerSandbox, prepare_server
 from tools_app.secrets import MissingSecret, Redactor, resolve_refs
 
@@ -56,7 +56,6 @@ STDERR_TAIL_CHARS = 300
 CLIENT_INFO = Implementation(name="xagent-workspace", version="0.1.0")
 
 T = TypeVar("T")
-E = TypeVar("E", bound=BaseException)
 
 
 class MCPError(Exception):
@@ -457,7 +456,7 @@ def _failure(
 ) -> MCPError:
     """The MCPError for a failed operation: one sentence, secrets masked."""
     redactor = Redactor(conn.secret_values)
-    needed = _found_in(exc, AuthorizationRequired)
+    needed = exception_in(exc, AuthorizationRequired)
     if needed is not None:
         return AuthorizationRequired(redactor.redact(str(needed)))
     refused = refusal if refusal is not None else refusal_in(exc)
@@ -522,23 +521,6 @@ def _run_coroutine(factory: Callable[[], Awaitable[T]]) -> T:
         return asyncio.run(factory())
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcp") as pool:
         return pool.submit(lambda: asyncio.run(factory())).result()
-
-
-def _found_in(exc: BaseException, kind: type[E]) -> E | None:
-    """The `kind` exception behind `exc` (through exception groups, causes and contexts), if any."""
-    seen: set[int] = set()
-    stack: list[BaseException | None] = [exc]
-    while stack:
-        current = stack.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, kind):
-            return current
-        if isinstance(current, BaseExceptionGroup):
-            stack.extend(current.exceptions)
-        stack.extend([current.__cause__, current.__context__])
-    return None
 
 
 def _leaf(exc: BaseException) -> BaseException:
