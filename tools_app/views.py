@@ -20,6 +20,10 @@ OUTCOME_WAIT_SECONDS = 30
 def oauth_callback(request):
     if not request.user.is_authenticated:
         return redirect_to_login(request.get_full_path())
+    if any("\x00" in request.GET.get(name, "") for name in ("state", "code", "iss", "error")):
+        # PostgreSQL cannot compare or store text holding NUL: refuse it before the database does.
+        message = "The authorization server's answer is malformed. Start again with Connect."
+        return render(request, "tools_app/oauth_callback.html", {"message": message}, status=400)
     try:
         attempt = access_attempt(request.user, request.GET.get("state", ""))
         do_receive_code(

@@ -304,3 +304,16 @@ async def test_the_websocket_frame_cannot_reach_another_tenants_request(pending,
     await communicator.disconnect()
     row = await database_sync_to_async(InputRequest.objects.get)(pk=pending.pk)
     assert row.status == "pending"
+
+
+def test_an_answer_with_nul_characters_is_a_validation_error_not_a_server_error(api_owner_a, pending):
+    # PostgreSQL's jsonb refuses "\u0000" (found by QA on the production stack: a 500 from the
+    # API and a server_error frame on the WebSocket); the answer must be refused as invalid.
+    answer = api_owner_a.post(
+        answer_url(pending), {"action": "accept", "content": {"name": "a\u0000b"}}, format="json"
+    )
+    assert assert_error_shape(answer, 400, "validation_error")["details"]["content"] == {
+        "name": ["Must not contain NUL characters."]
+    }
+    pending.refresh_from_db()
+    assert pending.status == "pending"

@@ -553,3 +553,14 @@ def test_oauth_settings_are_checked(tenant_a):
     http.headers, http.auth_mode = {}, "client_credentials"
     with pytest.raises(ValidationError, match="need a client ID"):
         http.full_clean(validate_constraints=False)
+
+
+def test_a_callback_with_nul_characters_is_refused_not_a_server_error(tenant_a, owner_a, oauth_server):
+    # PostgreSQL cannot compare or store text holding NUL: the callback must refuse it before
+    # the database does (found by QA on the production stack: a 500).
+    browser = admin_browser(owner_a)
+    for query in ("state=%00&code=x", "state=s&code=x&iss=%00", "state=a%00b&error=x"):
+        answer = browser.get(f"/mcp/oauth/callback/?{query}")
+        assert answer.status_code == 400, query
+        assert "MCP server authorization" in answer.content.decode()
+

@@ -232,6 +232,11 @@ def validate_answer(schema: dict, content) -> dict:
     return content
 
 
+# PostgreSQL's jsonb cannot hold "\u0000": an answer with it is invalid, not a database error.
+NUL = "\x00"
+NUL_PROBLEM = "Must not contain NUL characters."
+
+
 def _choices(prop: dict) -> list | None:
     if isinstance(prop.get("enum"), list):
         return prop["enum"]
@@ -246,6 +251,8 @@ def _field_problems(prop: dict, value) -> list[str]:
     if kind == "string":
         if not isinstance(value, str):
             return ["Must be a string."]
+        if NUL in value:
+            return [NUL_PROBLEM]
         choices = _choices(prop)
         if choices is not None:
             return [] if value in choices else [f"Must be one of: {', '.join(map(str, choices))}."]
@@ -268,6 +275,8 @@ def _field_problems(prop: dict, value) -> list[str]:
         choices = _choices(items)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return ["Must be a list of strings."]
+        if any(NUL in v for v in value):
+            return [NUL_PROBLEM]
         problems = []
         if choices is not None and any(v not in choices for v in value):
             problems.append(f"Each must be one of: {', '.join(map(str, choices))}.")
