@@ -564,3 +564,26 @@ def test_a_callback_with_nul_characters_is_refused_not_a_server_error(tenant_a, 
         assert answer.status_code == 400, query
         assert "MCP server authorization" in answer.content.decode()
 
+
+def test_repeated_connects_leave_one_waiting_attempt_and_no_piled_up_flows(tenant_a, owner_a, oauth_server):
+    # Found by QA on the production stack: every Connect whose consent page was left open kept a
+    # flow thread and its database connection for CONSENT_WAIT_SECONDS; 30 clicks held ~35
+    # PostgreSQL connections, so a tenant admin could exhaust the shared database.
+    import threading
+
+    server = oauth_mcp_server(tenant_a, oauth_server.url)
+    browser = admin_browser(owner_a)
+    for _ in range(3):  # the browser never visits the authorization page: each attempt stays open
+        started = browser.post(reverse("admin:tools_app_mcpserver_connect", args=[server.pk]))
+        assert started.status_code == 302
+    assert MCPOAuthAttempt.objects.filter(server=server, status="waiting").count() == 1
+
+    def flows() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == f"mcp-oauth-{server.pk}")
+
+    for _ in range(200):  # superseded flows end at their next poll
+        if flows() == 1:
+            break
+        time.sleep(0.05)
+    assert flows() == 1
+    MCPOAuthAttempt.objects.filter(server=server).update(status="failed")  # let the last one end

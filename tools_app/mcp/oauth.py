@@ -652,6 +652,9 @@ def _run_connect(server_id: int, user_id: int, redirect_uri: str, handoff: Futur
             raise ConsentTimedOut()
 
         auth = _provider(server, storage, send_browser, wait_for_code)
+        # The flow may wait minutes for the admin; its database work runs in `_db` threads, so
+        # this thread's own connection is not held meanwhile.
+        connections.close_all()
         status = anyio.run(_authorize, server, headers, auth)
         if status in (401, 403):
             raise MCPError(f"MCP server {server.name!r} still refuses the authorization (HTTP {status}).")
@@ -675,6 +678,11 @@ def _run_connect(server_id: int, user_id: int, redirect_uri: str, handoff: Futur
 
 
 def _open_attempt(server: MCPServer, user_id: int, state: str) -> None:
+    # One consent at a time per server: an earlier attempt still waiting ends (its flow stops at
+    # its next poll), so repeated Connects cannot pile up flows that each hold a thread.
+    MCPOAuthAttempt.objects.filter(server=server, status=MCPOAuthAttempt.Status.WAITING).update(
+        status=MCPOAuthAttempt.Status.FAILED, outcome="A newer Connect replaced this authorization."
+    )
     MCPOAuthAttempt.objects.create(
         tenant_id=server.tenant_id,
         server=server,
