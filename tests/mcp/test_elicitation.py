@@ -317,3 +317,22 @@ def test_an_answer_with_nul_characters_is_a_validation_error_not_a_server_error(
     }
     pending.refresh_from_db()
     assert pending.status == "pending"
+
+
+def test_a_server_asking_with_nul_characters_gets_a_request_not_a_database_error(tenant_a, owner_a):
+    # Found by QA on the production stack: a server whose elicitation message held NUL failed
+    # the tool call with "DataError: PostgreSQL text fields cannot contain NUL (0x00) bytes".
+    session = new_session(tenant_a, owner_a)
+    request = engine.request_input(
+        session.pk,
+        None,
+        call_id="c1",
+        server="example",
+        tool=TOOL,
+        message="hello\x00world",
+        schema={"type": "object", "properties": {"na\x00me": {"type": "string", "description": "a\x00b"}}},
+        timeout_seconds=600,
+    )
+    request.refresh_from_db()
+    assert request.status == "pending" and request.message == "hello\ufffdworld"
+    assert request.schema["properties"] == {"na\ufffdme": {"type": "string", "description": "a\ufffdb"}}

@@ -79,8 +79,8 @@ def request_input(
             call_id=call_id[:200],
             server=server[:200],
             tool=tool[:200],
-            message=message[:MAX_MESSAGE_CHARS],
-            schema=schema if isinstance(schema, dict) else {},
+            message=_without_nul(message)[:MAX_MESSAGE_CHARS],
+            schema=_without_nul(schema) if isinstance(schema, dict) else {},
             expires_at=timezone.now() + timedelta(seconds=timeout_seconds),
         )
         logger.info(
@@ -100,6 +100,18 @@ def request_input(
             },
         )
     return request
+
+
+def _without_nul(value):
+    """`value` with every NUL of its strings (keys too) shown as U+FFFD: a server's message or
+    schema may hold one, and PostgreSQL cannot store it."""
+    if isinstance(value, str):
+        return value.replace(NUL, "\ufffd")
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    return value
 
 
 def input_answer(request_id: int) -> dict | None:
