@@ -196,17 +196,28 @@ class GuardedBackend(SyncBackend):
 
 
 class AsyncGuardedBackend(AutoBackend):
-    """The async counterpart (anyio, as the MCP SDK runs it)."""
+    """The async counterpart (anyio, as the MCP SDK runs it).
 
-    def __init__(self, resolver: Resolver | None = None, refusals: list | None = None):
+    `trusted` ("host:port", from `origin_of`) is one endpoint an operator chose, reached
+    unchecked; every other host this client is sent to (say, the OAuth endpoints that server's
+    metadata names) is checked as a tenant endpoint.
+    """
+
+    def __init__(self, resolver: Resolver | None = None, refusals: list | None = None, trusted: str = ""):
         self.resolver = resolver
         self.refusals = refusals if refusals is not None else []
+        self.trusted = trusted
+
+    def _addresses(self, host: str, port: int) -> list[str]:
+        if self.trusted and f"{_normal_host(host)}:{port}" == self.trusted:
+            return (self.resolver or _resolver())(_normal_host(host), port)
+        return checked_addresses(host, port, self.resolver)
 
     async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
         import anyio.to_thread
 
         try:
-            addresses = await anyio.to_thread.run_sync(checked_addresses, host, port, self.resolver)
+            addresses = await anyio.to_thread.run_sync(self._addresses, host, port)
         except OutboundRefused as exc:
             self.refusals.append(exc)
             raise
@@ -249,8 +260,16 @@ def guarded_transport(resolver: Resolver | None = None, **kwargs) -> httpx2.HTTP
     return _install(httpx2.HTTPTransport(**kwargs), GuardedBackend(resolver))
 
 
-def async_guarded_transport(resolver: Resolver | None = None, **kwargs) -> httpx2.AsyncHTTPTransport:
-    return _install(httpx2.AsyncHTTPTransport(**kwargs), AsyncGuardedBackend(resolver))
+def async_guarded_transport(
+    resolver: Resolver | None = None, trusted: str = "", **kwargs
+) -> httpx2.AsyncHTTPTransport:
+    return _install(httpx2.AsyncHTTPTransport(**kwargs), AsyncGuardedBackend(resolver, trusted=trusted))
+
+
+def origin_of(url: str) -> str:
+    """ "host:port" of an http(s) URL, as `AsyncGuardedBackend(trusted=...)` compares it."""
+    host, port = split_url(url)
+    return f"{_normal_host(host)}:{port}"
 
 
 def exception_in(exc: BaseException | None, kind: type[E]) -> E | None:

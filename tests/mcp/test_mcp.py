@@ -531,6 +531,7 @@ def test_mcp_server_add_records_the_sandbox_options_and_refuses_unsafe_read_path
         (str(settings.XAGENT_WORKSPACES_DIR), "product data"),
         (str(settings.XAGENT_MCP_SERVERS_DIR / "1"), "product data"),  # other servers' directories
         ("/proc/1", "sandbox provides itself"),
+        ("/tmp", "sandbox provides itself"),  # below it is fine: bound over the sandbox's own tmpfs
         ("relative/path", "absolute"),
         ("/usr/../etc", "normalized"),
         ("/nonexistent/dir", "does not exist"),

@@ -7,6 +7,7 @@ A tiny loopback HTTP server counts requests: a refused endpoint must leave the c
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -316,3 +317,80 @@ def test_the_model_config_admin_refuses_a_tenant_loopback_url_and_trusts_an_oper
 def test_the_environment_default_model_is_an_operator_endpoint(settings, tenant_a, owner_a):
     settings.OPENAI_API_KEY, settings.OPENAI_BASE_URL = "sk-test", "http://127.0.0.1:9/v1"
     assert resolve_model(new_session(tenant_a, owner_a)).guarded is False
+
+
+class _PointsElsewhere(BaseHTTPRequestHandler):
+    """An operator's MCP endpoint that wants OAuth and names an authorization server at
+    `elsewhere` (another loopback port: a host that server's operator, not ours, chose)."""
+
+    elsewhere = ""
+
+    def log_message(self, *args):
+        pass
+
+    def _json(self, status: int, body: dict, extra: dict | None = None) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in (extra or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        host, port = self.server.server_address[:2]
+        if self.path.startswith("/.well-known/oauth-protected-resource"):
+            self._json(
+                200, {"resource": f"http://{host}:{port}/mcp", "authorization_servers": [self.elsewhere]}
+            )
+        else:
+            self._json(404, {})
+
+    def do_POST(self):
+        host, port = self.server.server_address[:2]
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        metadata = f"http://{host}:{port}/.well-known/oauth-protected-resource"
+        self._json(401, {}, {"WWW-Authenticate": f'Bearer resource_metadata="{metadata}"'})
+
+
+@pytest.mark.django_db(transaction=True)  # Connect runs the flow in a thread of its own
+def test_an_operator_oauth_servers_metadata_cannot_send_us_to_a_private_address(
+    tenant_a, owner_a_admin, counting_server
+):
+    from django.urls import reverse
+
+    handler = type("Handler", (_PointsElsewhere,), {"elsewhere": f"http://127.0.0.1:{counting_server.port}"})
+    resource = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=resource.serve_forever, daemon=True).start()
+    try:
+        server = add_server(
+            tenant_a,
+            "operators",
+            MCPServer.Transport.STREAMABLE_HTTP,
+            url=f"http://127.0.0.1:{resource.server_address[1]}/mcp",
+            by_operator=True,
+        )
+        server.auth_mode = MCPServer.AuthMode.OAUTH
+        server.save(by_operator=True)
+        answer = owner_a_admin.post(
+            reverse("admin:tools_app_mcpserver_connect", args=[server.pk]), follow=True
+        )
+
+        messages = " ".join(str(m) for m in answer.context["messages"])
+        assert "Outbound guard" in messages and "loopback" in messages, messages
+        # The authorization server the operator's endpoint named was never contacted.
+        assert counting_server.hits == []
+    finally:
+        resource.shutdown()
+        resource.server_close()
+
+
+def test_the_trusted_origin_is_exact(counting_server):
+    backend = net.AsyncGuardedBackend(trusted=net.origin_of(f"http://127.0.0.1:{counting_server.port}/mcp"))
+    assert backend._addresses("127.0.0.1", counting_server.port) == ["127.0.0.1"]
+    with pytest.raises(net.OutboundRefused):
+        backend._addresses("127.0.0.1", counting_server.port + 1)
+    with pytest.raises(net.OutboundRefused):
+        backend._addresses("localhost", counting_server.port)

@@ -43,7 +43,7 @@ from mcp.types import ElicitResult, ErrorData, Implementation
 from pydantic import ValidationError
 
 from tools_app.base import ToolError
-from tools_app.net import async_guarded_transport, exception_in, refusal_in
+from tools_app.net import async_guarded_transport, exception_in, origin_of, refusal_in
 from tools_app.sandbox.server import CommandNotFound, ServerSandbox, prepare_server
 from tools_app.secrets import MissingSecret, Redactor, resolve_refs
 
@@ -87,6 +87,9 @@ class Connection:
     secret_values: tuple[str, ...] = field(default=(), repr=False)
     # A tenant-set HTTP endpoint: connect through the outbound guard, never echo its answers.
     guarded: bool = False
+    # An operator's OAuth server ("host:port" of its URL): that origin is trusted, but the
+    # endpoints its metadata names (authorization server, token, registration) are guarded.
+    guard_trusts: str = ""
     # HTTP only: an `httpx2.Auth` (the SDK's OAuthClientProvider) that authorizes every request.
     auth: Any = field(default=None, repr=False, compare=False)
     # Changes whenever the authorization behind `auth` does (connected, refreshed by an admin,
@@ -194,6 +197,7 @@ def _connection_for(server, secrets: dict[str, str]) -> Connection:
             timeout=timeout,
             secret_values=tuple(secrets.values()) + tuple(getattr(auth, "redact_values", ())),
             guarded=not server.configured_by_operator,
+            guard_trusts=origin_of(server.url) if auth is not None and server.configured_by_operator else "",
             auth=auth,
             auth_key=auth_key,
         )
@@ -407,7 +411,7 @@ def _run(
         if response.request.method == "POST":
             failed_status[0] = response.status_code if response.status_code >= 400 else None
 
-    guard = async_guarded_transport() if conn.guarded else None
+    guard = _guard_for(conn)
 
     with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as errlog:
 
@@ -486,6 +490,16 @@ def _sandboxed_stdio(conn: Connection) -> StdioServerParameters:
     return StdioServerParameters(
         command=launch.command, args=list(launch.args), env=launch.env, cwd=launch.cwd
     )
+
+
+def _guard_for(conn: Connection):
+    """The outbound guard of an HTTP connection: everything of a tenant-set server; of an
+    operator's OAuth server, whatever is not its own origin; nothing of other operator servers."""
+    if conn.guarded:
+        return async_guarded_transport()
+    if conn.guard_trusts:
+        return async_guarded_transport(trusted=conn.guard_trusts)
+    return None
 
 
 def _elicitation_callback(on_elicit: ElicitHandler, renew: Callable[..., None]):

@@ -53,7 +53,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 
 from tenancy_app.crypto import decrypt, encrypt
 from tools_app.models import MCPOAuthAttempt, MCPOAuthGrant, MCPServer
-from tools_app.net import async_guarded_transport, refusal_in
+from tools_app.net import async_guarded_transport, origin_of, refusal_in
 from tools_app.secrets import Redactor, resolve_refs, tenant_secret_values
 
 from .client import AuthorizationRequired, MCPError
@@ -543,7 +543,10 @@ async def _authorize(server: MCPServer, headers: dict[str, str], auth) -> int:
     The flow's own requests (discovery, registration, token) go through this client, hence
     through the outbound guard for a tenant-set server. The answer's status is returned.
     """
-    guard = None if server.configured_by_operator else async_guarded_transport()
+    # An operator's server is trusted at its own origin only: the endpoints its metadata names
+    # (chosen by whoever runs that server) are checked like a tenant's.
+    trusted = origin_of(server.url) if server.configured_by_operator else ""
+    guard = async_guarded_transport(trusted=trusted)
     timeout = httpx2.Timeout(float(server.timeout_seconds or 30))
     async with httpx2.AsyncClient(headers=headers, timeout=timeout, transport=guard, auth=auth) as http:
         async with http.stream(

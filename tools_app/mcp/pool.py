@@ -61,8 +61,6 @@ from mcp.shared.exceptions import MCPError as SDKError
 from mcp.types import ElicitResult
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from tools_app.net import async_guarded_transport
-
 from .client import (
     CONNECTION_CLOSED,
     STDIO,
@@ -73,6 +71,7 @@ from .client import (
     _describe,
     _elicitation_callback,
     _failure,
+    _guard_for,
     _leaf,
     _limit,
     _open_client,
@@ -123,6 +122,7 @@ def pool_key(conn: Connection) -> tuple:
         "url": conn.url,
         "headers": conn.headers,
         "guarded": conn.guarded,
+        "guard_trusts": conn.guard_trusts,
         "timeout": conn.timeout,
         "auth_key": conn.auth_key,
         "sandbox": conn.sandbox,  # its directory, network, read paths and limits (a dataclass)
@@ -434,7 +434,7 @@ class SessionPool:
             conn=conn,
             limit=limit,
             errlog=errlog,
-            guard=async_guarded_transport() if conn.guarded else None,
+            guard=_guard_for(conn),
         )
         session.opened_at = session.last_used = time.monotonic()
         self._sessions[key] = session

@@ -42,6 +42,9 @@ from tools_app.sandbox.server import SERVER_WORKDIR, ServerSandbox
 
 # Kernel file systems, and the sandbox's own mount points: never bound over.
 RESERVED_PATHS = ("/proc", "/sys", "/dev", "/tmp", "/etc", SERVER_WORKDIR)
+# Of these, a path strictly below may be bound: read paths are bound after the sandbox's own
+# tmpfs, so /tmp/checkout/pkg shows that directory and nothing else of the host's /tmp.
+BELOW_ALLOWED = ("/tmp",)
 ROOT_DIR_MODE = 0o711  # searchable by the sandbox uid, not listable
 
 
@@ -80,6 +83,8 @@ def check_read_paths(paths) -> list[str]:
         if real != Path(path):
             raise ValueError(f"Read-only path {path} must not go through a symbolic link (use {real}).")
         for reserved in RESERVED_PATHS:
+            if reserved in BELOW_ALLOWED and Path(reserved) in real.parents:
+                continue
             if _overlaps(real, Path(reserved)):
                 raise ValueError(
                     f"Read-only path {path} overlaps {reserved}, which the sandbox provides itself."
