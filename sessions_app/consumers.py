@@ -124,7 +124,7 @@ class SessionConsumer(TenantScopedConsumer):
                 request_id if isinstance(request_id, int) and not isinstance(request_id, bool) else None
             )
             if code:
-                await self.send_error(code, message, details=details, request_id=request_id)
+                await self.send_error(code, message, details=details or {}, request_id=request_id)
             else:
                 await self.send_json(
                     {"seq": None, "type": "ack", "data": {"request_id": request_id, "status": message}}
