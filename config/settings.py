@@ -413,8 +413,13 @@ XAGENT_MCP_LIST_CHANGED_DEBOUNCE_SECONDS = _read("XAGENT_MCP_LIST_CHANGED_DEBOUN
 XAGENT_WORKSPACES_DIR = Path(_read("XAGENT_WORKSPACES_DIR", env.str, str(VAR_DIR / "workspaces")))
 # stdio MCP servers run sandboxed, each with its own directory <this>/<tenant id>/<server id>
 # (its working directory and HOME). Like the workspaces root, its parents must be searchable
-# (o+x) by the sandbox uid 65534.
+# (o+x) by the sandbox uid (XAGENT_SANDBOX_UID).
 XAGENT_MCP_SERVERS_DIR = Path(_read("XAGENT_MCP_SERVERS_DIR", env.str, str(VAR_DIR / "mcp-servers")))
+# The unprivileged uid/gid a root worker drops to before every sandbox (shell_exec, stdio MCP
+# servers). RLIMIT_NPROC counts every process of that uid on the host, so a uid no other daemon
+# uses keeps the sandbox's process limit its own (the test suite gives each parallel runner one).
+XAGENT_SANDBOX_UID = _positive_int("XAGENT_SANDBOX_UID", 65534)
+XAGENT_SANDBOX_GID = _positive_int("XAGENT_SANDBOX_GID", XAGENT_SANDBOX_UID)
 # Loop guards of a turn (AgentService): the same failing call this many times in a row, this
 # many rounds of tool calls without progress, or this many steps end the turn `blocked`.
 XAGENT_LOOP_GUARD_REPEATS = _positive_int("XAGENT_LOOP_GUARD_REPEATS", 3)

@@ -3,9 +3,9 @@
 `run_sandboxed` is the API for one command (ARCHITECTURE §7); long-running servers (stdio MCP
 servers) are started in the same sandbox by `sandbox.server`, which shares `bwrap_options`, the
 uid drop and the limits of this module. The process chain, when the worker runs as root (the
-deployed case), is
+deployed case; UID:GID is XAGENT_SANDBOX_UID:XAGENT_SANDBOX_GID, 65534:65534 unless set), is
 
-    setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs ... \\
+    setpriv --reuid=UID --regid=GID --clear-groups --no-new-privs ... \\
       prlimit --cpu --as --nproc --fsize --core --nofile \\
         bwrap --args FD  /bin/sh -c PROLOGUE sh COMMAND
 
@@ -23,7 +23,7 @@ deployed case), is
   The root itself is remounted read-only, so only /workspace and /tmp are writable.
 - The workspace is bound from a directory fd this process opened (`--bind-fd`; bwrap closes it
   before the command runs). bwrap still resolves that fd to its path as the sandbox uid, so
-  **the workspace's parent directories must be searchable by uid 65534** (o+x, as the default
+  **the workspace's parent directories must be searchable by the sandbox uid** (o+x, as the default
   var/workspaces tree is); a workspace under a root-only directory is refused with a clear
   `sandbox_unavailable` error whatever the fallback (a deployment fix, not a reason to run
   unconfined).
@@ -31,7 +31,7 @@ deployed case), is
   appear on a host command line. The chain's own environment is a fixed minimal one.
 
 **How the workspace is writable by the sandbox uid**: before each run the workspace tree is
-chowned to 65534:65534 (`_snapshot(..., chown_to=...)`), walking by directory fds and never
+chowned to the sandbox uid:gid (`_snapshot(..., chown_to=...)`), walking by directory fds and never
 following a symlink, so a link the sandbox planted cannot turn the chown onto a host file.
 Chown rather than an ACL: it needs no filesystem ACL support or setfacl, files created 0600 by
 the root-run file tools become readable too, and the worker (root) is unaffected. The same walk
@@ -64,6 +64,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from django.conf import settings
+
 from ..base import ToolError
 from .policy import SandboxLimits
 
@@ -74,8 +76,9 @@ SETPRIV = "/usr/bin/setpriv"
 PRLIMIT = "/usr/bin/prlimit"
 SHELL = "/bin/sh"
 
-SANDBOX_UID = 65534
-SANDBOX_GID = 65534
+# Fixed for the life of a process (settings are): XAGENT_SANDBOX_UID / XAGENT_SANDBOX_GID.
+SANDBOX_UID = settings.XAGENT_SANDBOX_UID
+SANDBOX_GID = settings.XAGENT_SANDBOX_GID
 SANDBOX_WORKDIR = "/workspace"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The chain before bwrap sees only this; the sandboxed command gets `_command_env`.
