@@ -18,11 +18,8 @@ class ToolsConfig(AppConfig):
         # approvals_app sits below tools_app: its "Test a call" reads a tool's facts through this port.
         register_tool_facts(policy_facts_for)
         track_configuration(MCPServer, ToolSet, Tool, SandboxPolicy, Secret)
-        # A pooled MCP session told that its server's tools changed refreshes the Tool rows.
-        from .mcp.pool import on_tools_changed
-        from .mcp.sync import refresh_after_tools_changed
-
-        on_tools_changed(refresh_after_tools_changed)
+        # The MCP SDK is not imported here (about a second of every process start): the pool and
+        # the client load it with the first MCP connection.
 
 
 def _sync_native_tools(sender, **kwargs):

@@ -8,7 +8,6 @@ from django.contrib.auth.views import redirect_to_login
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET
 
-from .mcp.oauth import CallbackRefused, access_attempt, do_receive_code, wait_for_outcome
 from .models import MCPOAuthAttempt
 
 # The browser waits this long for the token exchange and the tool refresh to finish, so the
@@ -18,6 +17,10 @@ OUTCOME_WAIT_SECONDS = 30
 
 @require_GET
 def oauth_callback(request):
+    # Here, not at import: the URLconf (loaded by every web process and by a worker's start-up
+    # checks) must not pull in the MCP SDK's OAuth client, about a second of CPU.
+    from .mcp.oauth import CallbackRefused, access_attempt, do_receive_code, wait_for_outcome
+
     if not request.user.is_authenticated:
         return redirect_to_login(request.get_full_path())
     if any("\x00" in request.GET.get(name, "") for name in ("state", "code", "iss", "error")):

@@ -30,7 +30,8 @@ How it works:
   state-changing call in flight, or the only call in flight; otherwise it is declined.
 - `notifications/tools/list_changed` (and 2026-era `subscriptions/listen` events) schedule a
   refresh of that server's tools, debounced, in a thread of its own (it touches the database),
-  through the handler registered with `on_tools_changed` (tools_app.apps).
+  through `sync.refresh_after_tools_changed` (the owner of Tool rows; `on_tools_changed`
+  replaces it).
 """
 
 from __future__ import annotations
@@ -673,7 +674,17 @@ def _broken(exc: BaseException) -> bool:
 
 _POOL: SessionPool | None = None
 _POOL_LOCK = threading.Lock()
-_TOOLS_CHANGED_HANDLER: Callable[[Connection], None] | None = None
+
+
+def _refresh_tool_rows(conn: Connection) -> None:
+    # Imported when a server's tools change, not at import: sync is loaded at every process
+    # start (the admin imports it), this module and the MCP SDK only when MCP is used.
+    from .sync import refresh_after_tools_changed
+
+    refresh_after_tools_changed(conn)
+
+
+_TOOLS_CHANGED_HANDLER: Callable[[Connection], None] | None = _refresh_tool_rows
 
 
 def get_pool() -> SessionPool:
@@ -691,7 +702,7 @@ def close_pool() -> int:
 
 
 def on_tools_changed(handler: Callable[[Connection], None] | None) -> None:
-    """Register what runs (in a thread) when a pooled server says its tools changed."""
+    """Replace what runs (in a thread) when a pooled server says its tools changed (None: nothing)."""
     global _TOOLS_CHANGED_HANDLER
     _TOOLS_CHANGED_HANDLER = handler
 

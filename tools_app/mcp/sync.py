@@ -16,6 +16,7 @@ import hashlib
 import logging
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
@@ -29,8 +30,13 @@ from tools_app.models import MCPServer, Readiness, Tool
 from tools_app.net import OutboundRefused, check_url
 from tools_app.secrets import tenant_secret_values
 
-from .client import Connection, MCPError, RemoteTool, connection_for, list_tools
 from .stdio import check_read_paths
+
+if TYPE_CHECKING:
+    from .client import Connection, RemoteTool
+
+# The MCP SDK is imported where a connection is made, not here: this module is loaded at every
+# process start (the admin and the app registry import it) and the SDK alone costs about a second.
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +94,8 @@ def refresh_server(server: MCPServer, *, pooled: bool = False) -> RefreshResult:
     instead of a connection of its own (an admin's refresh, which proves a new one works).
     On failure the server is marked `error`, its tools `unavailable`, and the MCPError re-raised.
     """
+    from .client import MCPError, connection_for, list_tools
+
     try:
         conn = connection_for(server, tenant_secret_values(server.tenant_id))
         remote = list_tools(conn, timeout=server.timeout_seconds, pooled=pooled)
@@ -103,6 +111,8 @@ def refresh_after_tools_changed(conn: Connection) -> None:
     Runs in a thread of the pool (pool.py), so it owns its database connection and closes it.
     A server that is gone, disabled or reconfigured since (another key) is left alone.
     """
+    from .client import MCPError
+
     if conn.server_id is None or conn.tenant_id is None:
         return
     close_old_connections()
