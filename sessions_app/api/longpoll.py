@@ -155,8 +155,14 @@ async def _wait_subscribed(layer, channel: str, poll: LongPoll) -> HttpResponse:
         # Announced or timed out, the log decides: a dropped notification costs only latency.
         return _json(await read(poll.session_id, poll.after))
     finally:
-        # Shielded for the same reason: the slot must be given back on a disconnect.
-        await asyncio.shield(sync_to_async(release_long_poll_slot, thread_sensitive=False)(slot))
+        # Shielded for the same reason: the slot must be given back on a disconnect. A cancelled
+        # handler still waits for the release, so no new poll of the same caller finds it held.
+        release = asyncio.ensure_future(sync_to_async(release_long_poll_slot, thread_sensitive=False)(slot))
+        try:
+            await asyncio.shield(release)
+        except asyncio.CancelledError:
+            await release
+            raise
 
 
 async def _notified(layer, channel: str, after: int, timeout: float) -> bool:
