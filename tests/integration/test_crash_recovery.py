@@ -229,7 +229,14 @@ def test_a_turn_waiting_for_approval_when_its_worker_dies_waits_and_then_complet
 
     with running(worker_command("doomed"), worker_env, tmp_path / "doomed.log") as doomed:
         _send(api_owner_a, session_id, "delete draft.md")
-        wait_for(lambda: Session.objects.get(pk=session_id).status == "waiting_approval", "the approval")
+        # Parked: the status is committed, then the runner releases its lease and exits; the kill
+        # comes after both (a kill in between is a lost runner, which other tests cover).
+        wait_for(
+            lambda: Session.objects.filter(
+                pk=session_id, status="waiting_approval", runner_token=None
+            ).exists(),
+            "the approval",
+        )
         _kill(doomed)
 
     with running(worker_command("heir"), worker_env, tmp_path / "heir.log") as heir:

@@ -94,7 +94,9 @@ def test_a_worker_killed_during_a_pending_compaction_leaves_a_consistent_history
     workspace = engine.workspace_path(Session.objects.get(pk=session_id))
     for index in range(FILES):
         (workspace / f"notes_{index:02}.txt").write_text(f"Notes file {index}: nothing of note.\n" * 30)
-    env = {**database_env_for_workers(), "XAGENT_RUNNER_LEASE_SECONDS": "3"}
+    # The heir takes over because the doomed worker's pid is gone (presence), not by a lapse; a
+    # short lease would let a heartbeat delayed on a loaded machine start a second takeover.
+    env = {**database_env_for_workers(), "XAGENT_RUNNER_LEASE_SECONDS": "15"}
 
     with running(worker_command("doomed"), env, tmp_path / "doomed.log") as doomed:
         doomed.log_path = tmp_path / "doomed.log"

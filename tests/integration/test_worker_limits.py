@@ -24,7 +24,10 @@ from tools_app.models import Tool, ToolSet
 from .processes import database_env_for_workers, running, worker_command
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
-LEASE_SECONDS = 3
+# Takeovers after a kill come from presence (the holder's pid is gone), not from a lapsed lease,
+# so the lease need not be short; long enough that a heartbeat delayed on a loaded machine (the
+# suite runs on several runners) never hands a live runner's turn to another.
+LEASE_SECONDS = 15
 ATTEMPTS = 3
 SOFT_LIMIT = 15
 
