@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from ..integration.processes import embedded_env, free_port, manage, running, wait_for_http
+from ..integration.processes import embedded_env, free_port, migrate_embedded, running, wait_for_http
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
@@ -39,7 +39,7 @@ CHROMIUM_ARGS = [
 def stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("docs")
     env = {**embedded_env(root), "ALLOWED_HOSTS": f"127.0.0.1,{HOST}"}
-    manage(env, "migrate", "--noinput", "-v0")
+    migrate_embedded(env)
     port = free_port()
     log = root / "runstack.log"
     with running([sys.executable, "manage.py", "runstack", "--port", str(port)], env, log) as proc:

@@ -61,6 +61,29 @@ def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.
     )
 
 
+_migrated_template: Path | None = None
+
+
+def migrate_embedded(env: dict[str, str]) -> None:
+    """`manage.py migrate` for the fresh embedded SQLite database `env` names, by copying a
+    database this test process migrated once: a migrate costs about ten CPU seconds, and
+    the suite makes dozens of fresh installs on two cores. The copy is the same schema and rows
+    (migrations and post_migrate depend on no setting these tests vary)."""
+    import sqlite3
+    import tempfile
+
+    global _migrated_template
+    target = Path(env["DATABASE_URL"].removeprefix("sqlite:///"))
+    assert env["DATABASE_URL"].startswith("sqlite:///") and not target.exists(), env["DATABASE_URL"]
+    if _migrated_template is None:
+        root = Path(tempfile.mkdtemp(prefix="xagent-migrated-"))
+        manage(embedded_env(root), "migrate", "--noinput", "-v0")
+        _migrated_template = root / "db.sqlite3"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(_migrated_template) as source, sqlite3.connect(target) as copy:
+        source.backup(copy)
+
+
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -159,7 +182,7 @@ def web_and_worker(log_dir: Path, tag: str = "") -> Iterator[str]:
 
 @contextmanager
 def served_embedded(root: Path, *setup: tuple[str, ...], env: dict[str, str] | None = None) -> Iterator:
-    """A fresh embedded install in `root` (migrated, then each `setup` manage.py command run),
+    """A fresh embedded install in `root` (migrated — `migrate_embedded` — then each `setup` manage.py command run),
     served by `runstack` on a free port until the block ends.
 
     Yields `.base` ("http://127.0.0.1:<port>"), `.port`, `.log` and `.workspaces`.
@@ -167,7 +190,7 @@ def served_embedded(root: Path, *setup: tuple[str, ...], env: dict[str, str] | N
     from types import SimpleNamespace
 
     env = env or embedded_env(root)
-    manage(env, "migrate", "--noinput", "-v0")
+    migrate_embedded(env)
     for command in setup:
         manage(env, *command)
     port = free_port()

@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.model_server import text_reply
 
-from .processes import embedded_env, free_port, manage, running, wait_for_http
+from .processes import embedded_env, free_port, manage, migrate_embedded, running, wait_for_http
 
 PASSWORD = "recovery-pass-123"
 
@@ -50,7 +50,7 @@ def killed_and_restarted(tmp_path, model_server):
         text_reply("Resumed and finished."),
     )
     env = _stack_env(tmp_path, model_server)
-    manage(env, "migrate", "--noinput", "-v0")
+    migrate_embedded(env)
     manage(env, "create_tenant", "acme")
     manage(env, "create_user", "alice", "--tenant", "acme", "--role", "owner", "--password", PASSWORD)
     key = manage(env, "create_api_key", "--tenant", "acme", "--user", "alice").stdout.strip()
@@ -263,7 +263,7 @@ def test_b_to_e_a_killed_embedded_stack_recovers_each_kill_point_after_a_restart
     env = _stack_env(tmp_path, model_server)
     env["XAGENT_EMBEDDED_WORKER_THREADS"] = "6"
     env["XAGENT_WORKSPACES_DIR"] = str(searchable_workspaces)
-    manage(env, "migrate", "--noinput", "-v0")
+    migrate_embedded(env)
     setup = SETUP.format(
         password=PASSWORD, base_url=model_server.base_url, window=WINDOW, max_output=MAX_OUTPUT
     )

@@ -16,7 +16,7 @@ import httpx2 as httpx
 
 from tests.support.model_server import ScriptedModelServer, text_reply, tool_call, tool_reply
 
-from .processes import PROJECT_ROOT, embedded_env, free_port, manage, wait_for_http
+from .processes import PROJECT_ROOT, embedded_env, free_port, manage, migrate_embedded, wait_for_http
 
 STEPS = 12  # more than one slice (brain.SLICE_MAX_STEPS = 8), so a slice yields mid-turn
 
@@ -33,7 +33,7 @@ def wait_for(predicate, what: str, timeout=90):
 def _install(tmp_path, server: ScriptedModelServer, **extra: str) -> tuple[dict, str]:
     env = embedded_env(tmp_path)
     env.update(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="test-key", **extra)
-    manage(env, "migrate", "--noinput", "-v0")
+    migrate_embedded(env)
     manage(env, "create_tenant", "acme")
     manage(env, "create_user", "alice", "--tenant", "acme", "--role", "owner", "--password", "pw-3141-alice")
     key = manage(env, "create_api_key", "--tenant", "acme", "--user", "alice").stdout.strip()

@@ -15,6 +15,7 @@ from .processes import (
     embedded_env,
     free_port,
     manage,
+    migrate_embedded,
     running,
     wait_for_http,
     worker_command,
@@ -24,7 +25,7 @@ from .processes import (
 def test_runstack_serves_web_and_runs_tasks_in_process(tmp_path):
     """Embedded mode: one `runstack` process answers HTTP and consumes Celery tasks itself."""
     env = embedded_env(tmp_path)
-    manage(env, "migrate", "--noinput", "-v0")
+    migrate_embedded(env)
     seeded = manage(env, "seed_demo").stdout
     assert "Login: demo / demo" in seeded
 
@@ -138,7 +139,7 @@ def test_embedded_stack_streams_live_events_from_the_in_process_worker(tmp_path)
     from websockets.sync.client import connect
 
     env = embedded_env(tmp_path)
-    manage(env, "migrate", "--noinput", "-v0")
+    migrate_embedded(env)
     manage(env, "seed_demo")
     key = manage(env, "create_api_key", "--tenant", "demo", "--user", "demo").stdout.strip()
     port = free_port()
