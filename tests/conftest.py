@@ -176,3 +176,43 @@ def no_pooled_mcp_sessions_left():
     from tools_app.mcp.pool import close_pool
 
     close_pool()
+
+
+# --- the test database on PostgreSQL --------------------------------------------------------
+# Hundreds of tests run with transaction=True (real workers and servers must see their rows);
+# after each, Django empties every table. Two costs of that are PostgreSQL's, not the product's:
+# TRUNCATE of ~50 tables makes ~50 new relation files (about half a second; DELETE of the few
+# rows a test leaves takes milliseconds), and each commit of the post-flush signal handlers
+# waits for a WAL flush. Neither is what a test checks, and the database is thrown away.
+
+
+def _delete_instead_of_truncate():
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if reset_sequences or allow_cascade or not tables:
+            return truncate(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        # Django's foreign keys on PostgreSQL are DEFERRABLE INITIALLY DEFERRED and the statements
+        # run in one transaction (execute_sql_flush), so the order of the tables does not matter.
+        return [f"{style.SQL_KEYWORD('DELETE FROM')} {style.SQL_FIELD(self.quote_name(t))};" for t in tables]
+
+    DatabaseOperations.sql_flush = sql_flush
+
+
+_delete_instead_of_truncate()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """The test database (one per parallel runner) commits without waiting for the WAL flush,
+    for this process and for every worker and web process a test starts on it."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            name = connection.settings_dict["NAME"]
+            cursor.execute(f"ALTER DATABASE {connection.ops.quote_name(name)} SET synchronous_commit = off")
+            cursor.execute("SET synchronous_commit = off")
+    yield
