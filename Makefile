@@ -5,6 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+# Parallel test runners (pytest-xdist): the suite mostly waits on real workers, servers and
+# browsers, so more runners than cores pay off. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 4
 
 .PHONY: install run test lint format migrate worker beat bench fuzz conformance
 
@@ -22,7 +25,9 @@ run: install migrate
 
 test: install
 	$(PY) manage.py collectstatic --noinput -v0
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@# Every worker, web and sandboxed server a test starts imports the project: with bytecode
+	@# cached (PYTHONDONTWRITEBYTECODE cleared) none of them compiles it again.
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
