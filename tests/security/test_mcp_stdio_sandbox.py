@@ -305,7 +305,9 @@ def test_the_tenants_limits_bind_a_server_and_nothing_outlives_it(tenant_a, host
     assert big == {"ok": False, "error": "MemoryError"}  # RLIMIT_AS of the tenant's policy
     # RLIMIT_NPROC counts every process of the sandbox uid, this server's included.
     assert 0 < flood["started"] < 32 and flood["refused"] == 200 - flood["started"]
-    assert left == {"ok": True} and len(survivors) == 1  # the stray child ran...
+    # The stray child ran (a shell caught between its fork and the exec of sleep shows the marker
+    # twice for a moment, so: at least one)...
+    assert left == {"ok": True} and len(survivors) >= 1
     assert wait_for_no_process_with(stray) == []  # ...and went with the server
     assert wait_for_no_process_with(marker) == []
 
