@@ -6,7 +6,7 @@ class ToolsConfig(AppConfig):
     verbose_name = "Tools"
 
     def ready(self):
-        from django.db.models.signals import post_migrate
+        from django.db.models.signals import post_delete, post_migrate
 
         from approvals_app.policy import register_tool_facts
         from tenancy_app.versioning import track_configuration
@@ -15,6 +15,8 @@ class ToolsConfig(AppConfig):
         from .models import MCPServer, SandboxPolicy, Secret, Tool, ToolSet
 
         post_migrate.connect(_sync_native_tools, sender=self)
+        # Every way a server row goes (the admin, a cascade from its tenant) takes its directory.
+        post_delete.connect(_remove_server_directory, sender=MCPServer)
         # approvals_app sits below tools_app: its "Test a call" reads a tool's facts through this port.
         register_tool_facts(policy_facts_for)
         track_configuration(MCPServer, ToolSet, Tool, SandboxPolicy, Secret)
@@ -27,3 +29,12 @@ def _sync_native_tools(sender, **kwargs):
     from .catalog import sync_native_tools
 
     sync_native_tools()
+
+
+def _remove_server_directory(sender, instance, **kwargs):
+    from django.db import transaction
+
+    from .mcp.stdio import remove_server_directory
+
+    tenant_id, server_id = instance.tenant_id, instance.pk
+    transaction.on_commit(lambda: remove_server_directory(tenant_id, server_id))

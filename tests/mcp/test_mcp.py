@@ -642,3 +642,27 @@ def test_mcp_probe_exit_status_from_the_command_line(example_url, dead_url):
     assert failed.returncode != 0
     assert "Could not connect to MCP server" in failed.stderr
     assert "Traceback" not in failed.stderr
+
+
+@pytest.mark.django_db
+def test_a_deleted_server_takes_its_directory_with_it(tenant_a, tenant_b, django_capture_on_commit_callbacks):
+    from tools_app.mcp.stdio import server_directory
+
+    kept = add_server(tenant_b, "kept", MCPServer.Transport.STDIO, command="/bin/true")
+    servers = [add_server(tenant_a, name, MCPServer.Transport.STDIO, command="/bin/true") for name in "ab"]
+    for server in [*servers, kept]:
+        (server_directory(server) / "cache.json").write_text("{}")
+    outside = server_directory(kept).parent.parent / "outside.txt"
+    outside.write_text("not the server's")
+    (server_directory(servers[0]) / "link").symlink_to(outside)  # a link the server planted
+    paths = [server_directory(server) for server in servers]
+
+    with django_capture_on_commit_callbacks(execute=True):
+        servers[0].delete()  # the admin's delete
+    assert not paths[0].exists() and paths[1].exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        tenant_a.delete()  # a cascade from the tenant
+
+    assert not paths[1].exists()
+    assert (server_directory(kept) / "cache.json").exists()  # another tenant's server is untouched
+    assert outside.read_text() == "not the server's"  # the link was removed, not followed

@@ -113,6 +113,15 @@ def server_directory(server) -> Path:
     return path
 
 
+def remove_server_directory(tenant_id: int, server_id: int) -> None:
+    """A deleted server's directory goes with it: what the server kept there (caches, its own
+    credentials) must not outlive it, nor be handed to a later server given the same id (SQLite
+    may reuse ids). shutil.rmtree never follows the links a server may have planted there."""
+    path = Path(settings.XAGENT_MCP_SERVERS_DIR) / str(tenant_id) / str(server_id)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def sandbox_for(server) -> ServerSandbox:
     """The sandbox an operator's stdio server runs in. Raises ValueError (a bad read path)."""
     from tools_app.catalog import sandbox_limits_for
