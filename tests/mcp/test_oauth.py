@@ -587,3 +587,33 @@ def test_repeated_connects_leave_one_waiting_attempt_and_no_piled_up_flows(tenan
         time.sleep(0.05)
     assert flows() == 1
     MCPOAuthAttempt.objects.filter(server=server).update(status="failed")  # let the last one end
+
+
+def test_a_connect_deletes_the_servers_attempts_ended_over_a_day_ago(tenant_a, owner_a, oauth_server):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    server = oauth_mcp_server(tenant_a, oauth_server.url)
+    other = oauth_mcp_server(tenant_a, oauth_server.url, name="other")
+    long_ago, lately = timezone.now() - timedelta(days=2), timezone.now() - timedelta(hours=1)
+    for target, state, expired in (
+        (server, "old", long_ago),
+        (server, "recent", lately),
+        (other, "x", long_ago),
+    ):
+        MCPOAuthAttempt.objects.create(
+            tenant=tenant_a,
+            server=target,
+            started_by=owner_a,
+            state=state,
+            status="failed",
+            expires_at=expired,
+        )
+
+    started = admin_browser(owner_a).post(reverse("admin:tools_app_mcpserver_connect", args=[server.pk]))
+
+    assert started.status_code == 302
+    states = set(MCPOAuthAttempt.objects.values_list("state", flat=True))
+    assert "old" not in states and {"recent", "x"} <= states  # a late callback of today still gets its page
+    MCPOAuthAttempt.objects.filter(server=server).update(status="failed")  # let the flow end

@@ -64,6 +64,9 @@ CALLBACK_PATH = "/mcp/oauth/callback/"
 CLIENT_NAME = "xAgent workspace"
 # How long an admin has to finish the authorization page before the attempt is dropped.
 CONSENT_WAIT_SECONDS = 600
+# Ended attempts are kept this long (a late callback still gets a page saying how it went),
+# then deleted at the server's next Connect.
+ATTEMPT_KEPT = timedelta(days=1)
 CALLBACK_POLL_SECONDS = 0.25
 # One worker refreshes a grant at a time; a holder that died frees it after this long.
 REFRESH_LEASE_SECONDS = 30
@@ -686,6 +689,7 @@ def _open_attempt(server: MCPServer, user_id: int, state: str) -> None:
     MCPOAuthAttempt.objects.filter(server=server, status=MCPOAuthAttempt.Status.WAITING).update(
         status=MCPOAuthAttempt.Status.FAILED, outcome="A newer Connect replaced this authorization."
     )
+    MCPOAuthAttempt.objects.filter(server=server, expires_at__lt=timezone.now() - ATTEMPT_KEPT).delete()
     MCPOAuthAttempt.objects.create(
         tenant_id=server.tenant_id,
         server=server,
