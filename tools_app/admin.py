@@ -231,9 +231,13 @@ class MCPServerAdmin(TenantScopedAdmin):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         server = self._server_for_oauth(request, object_id)
-        if do_revoke(server, request.user):
+        revocation = do_revoke(server, request.user)
+        if revocation.had_tokens:
             self.message_user(
-                request, f"{server.name}: authorization revoked; its stored tokens are deleted."
+                request,
+                f"{server.name}: authorization revoked; its stored tokens are deleted, and "
+                f"{revocation.upstream}.",
+                level=messages.SUCCESS if revocation.upstream_ok else messages.WARNING,
             )
         else:
             self.message_user(

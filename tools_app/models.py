@@ -374,6 +374,9 @@ class MCPOAuthGrant(TenantOwnedModel):
     lost_reason = models.CharField(max_length=300, blank=True)
     # One process refreshes at a time (across workers): the holder's lease ends here.
     refresh_lease_until = models.DateTimeField(null=True, blank=True)
+    # The authorization server's token revocation endpoint (RFC 7009), from its metadata when it
+    # last issued tokens: an admin's Revoke tells it. Empty: it named none.
+    revocation_endpoint = models.URLField(max_length=500, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -174,16 +174,26 @@ def check_url(url: str, resolver: Resolver | None = None) -> list[str]:
 # --- transports -----------------------------------------------------------------------------
 
 
-class GuardedBackend(SyncBackend):
-    """httpcore's socket backend, connecting only to checked addresses."""
+def _guarded_addresses(host: str, port: int, resolver: Resolver | None, trusted: str) -> list[str]:
+    """The addresses a guarded client may connect to: `trusted` ("host:port", from `origin_of`)
+    is one endpoint an operator chose, reached unchecked; every other host is checked as a
+    tenant endpoint."""
+    if trusted and f"{_normal_host(host)}:{port}" == trusted:
+        return (resolver or _resolver())(_normal_host(host), port)
+    return checked_addresses(host, port, resolver)
 
-    def __init__(self, resolver: Resolver | None = None, refusals: list | None = None):
+
+class GuardedBackend(SyncBackend):
+    """httpcore's socket backend, connecting only to checked addresses (`trusted`: as below)."""
+
+    def __init__(self, resolver: Resolver | None = None, refusals: list | None = None, trusted: str = ""):
         self.resolver = resolver
         self.refusals = refusals if refusals is not None else []
+        self.trusted = trusted
 
     def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
         try:
-            addresses = checked_addresses(host, port, self.resolver)
+            addresses = _guarded_addresses(host, port, self.resolver, self.trusted)
         except OutboundRefused as exc:
             self.refusals.append(exc)
             raise
@@ -209,9 +219,7 @@ class AsyncGuardedBackend(AutoBackend):
         self.trusted = trusted
 
     def _addresses(self, host: str, port: int) -> list[str]:
-        if self.trusted and f"{_normal_host(host)}:{port}" == self.trusted:
-            return (self.resolver or _resolver())(_normal_host(host), port)
-        return checked_addresses(host, port, self.resolver)
+        return _guarded_addresses(host, port, self.resolver, self.trusted)
 
     async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
         import anyio.to_thread
@@ -254,10 +262,10 @@ def _install(transport, backend):
     return transport
 
 
-def guarded_transport(resolver: Resolver | None = None, **kwargs) -> httpx2.HTTPTransport:
+def guarded_transport(resolver: Resolver | None = None, trusted: str = "", **kwargs) -> httpx2.HTTPTransport:
     """An httpx2 transport for tenant endpoints. It ignores proxy variables of the environment
     (an explicit transport does), so the guard sees the real destination."""
-    return _install(httpx2.HTTPTransport(**kwargs), GuardedBackend(resolver))
+    return _install(httpx2.HTTPTransport(**kwargs), GuardedBackend(resolver, trusted=trusted))
 
 
 def async_guarded_transport(

@@ -254,11 +254,18 @@ def test_an_admin_revokes_and_the_next_call_fails_at_once(tenant_a, owner_a, oau
     connect_through_the_callback(browser, server, oauth_server)
     key_before = connection_for(server, {}).auth_key
 
-    revoked = browser.post(reverse("admin:tools_app_mcpserver_revoke", args=[server.pk]))
+    assert oauth_server.stats()["live_refresh_tokens"] == 1
 
-    assert revoked.status_code == 302
+    revoked = browser.post(reverse("admin:tools_app_mcpserver_revoke", args=[server.pk]), follow=True)
+
+    assert revoked.status_code == 200
     assert authorization_status(server) == "needs_consent"
     assert stored_tokens(server) == {}
+    # The authorization server was told too (RFC 7009): neither token is good there any more.
+    stats = oauth_server.stats()
+    assert (stats["revocations"], stats["live_access_tokens"], stats["live_refresh_tokens"]) == (2, 0, 0)
+    said = [str(m) for m in revoked.context["messages"]]
+    assert any("revoked the refresh and access token(s)" in m for m in said), said
     ctx = ToolContext(session_id="s-1", tenant_id=tenant_a.pk, workspace=tmp_path, port=None)
     tool = MCPTool.from_row(Tool.objects.select_related("mcp_server").get(name="secured__echo"))
     with pytest.raises(ToolError) as refused:
@@ -617,3 +624,34 @@ def test_a_connect_deletes_the_servers_attempts_ended_over_a_day_ago(tenant_a, o
     states = set(MCPOAuthAttempt.objects.values_list("state", flat=True))
     assert "old" not in states and {"recent", "x"} <= states  # a late callback of today still gets its page
     MCPOAuthAttempt.objects.filter(server=server).update(status="failed")  # let the flow end
+
+
+def test_revoke_deletes_the_tokens_here_whatever_the_authorization_server_does(
+    tenant_a, owner_a, oauth_server
+):
+    import socket
+
+    internal = socket.create_server(("127.0.0.1", 0))  # an internal service; never allow-listed
+    internal.setblocking(False)
+    counting_server_url = f"http://127.0.0.1:{internal.getsockname()[1]}/revoke"
+    server = oauth_mcp_server(tenant_a, oauth_server.url)
+    browser = admin_browser(owner_a)
+    grant = MCPOAuthGrant.objects.filter(server=server)
+    revoke = reverse("admin:tools_app_mcpserver_revoke", args=[server.pk])
+    cases = [
+        ("", "names no revocation endpoint, so it was not told"),
+        # Metadata naming an internal address: the tokens are not posted there (a tenant's server).
+        (counting_server_url, "Outbound guard"),
+    ]
+    for endpoint, sentence in cases:
+        connect_through_the_callback(browser, server, oauth_server)
+        grant.update(revocation_endpoint=endpoint)
+
+        said = [str(m) for m in browser.post(revoke, follow=True).context["messages"]]
+
+        assert stored_tokens(server) == {} and authorization_status(server) == "needs_consent"
+        assert any("stored tokens are deleted" in m and sentence in m for m in said), said
+    assert oauth_server.stats()["revocations"] == 0
+    with pytest.raises(BlockingIOError):
+        internal.accept()  # nobody connected to it
+    internal.close()

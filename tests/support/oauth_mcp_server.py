@@ -46,7 +46,14 @@ from starlette.responses import JSONResponse
 
 SCOPE = "mcp:tools"
 SCOPES = [SCOPE, "mcp:admin"]  # mcp:admin is asked for only after /test/require-scope
-STATS = {"registrations": 0, "authorizations": 0, "code_grants": 0, "refresh_grants": 0, "cc_grants": 0}
+STATS = {
+    "registrations": 0,
+    "authorizations": 0,
+    "code_grants": 0,
+    "refresh_grants": 0,
+    "cc_grants": 0,
+    "revocations": 0,  # tokens revoked through /revoke (RFC 7009)
+}
 
 
 class AutoApproveProvider:
@@ -111,6 +118,7 @@ class AutoApproveProvider:
         return found
 
     async def revoke_token(self, token) -> None:
+        STATS["revocations"] += 1
         self.access.pop(token.token, None)
         self.refresh.pop(token.token, None)
 
@@ -208,7 +216,9 @@ def build(port: int, token_seconds: int, client_credentials: str = "") -> MCPSer
 
     @server.custom_route("/test/stats", methods=["GET"])
     async def stats(request: Request) -> JSONResponse:
-        return JSONResponse(STATS | {"live_access_tokens": len(provider.access)})
+        return JSONResponse(
+            STATS | {"live_access_tokens": len(provider.access), "live_refresh_tokens": len(provider.refresh)}
+        )
 
     return server
 

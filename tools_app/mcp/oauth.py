@@ -22,6 +22,7 @@ what a tenant-configured endpoint answered.
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 import time
@@ -30,7 +31,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import timedelta
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import anyio
 import httpx2
@@ -53,7 +54,13 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 
 from tenancy_app.crypto import decrypt, encrypt
 from tools_app.models import MCPOAuthAttempt, MCPOAuthGrant, MCPServer
-from tools_app.net import async_guarded_transport, origin_of, refusal_in
+from tools_app.net import (
+    OutboundRefused,
+    async_guarded_transport,
+    guarded_transport,
+    origin_of,
+    refusal_in,
+)
 from tools_app.secrets import Redactor, resolve_refs, tenant_secret_values
 
 from .client import AuthorizationRequired, MCPError
@@ -175,6 +182,9 @@ class GrantStorage:
         self.consent_version: int | None = None
         self.token_version: int | None = None
         self.expires_at = None
+        # The authorization-server metadata the provider discovered (set by the provider), so
+        # stored tokens keep the revocation endpoint of the server that issued them.
+        self.discovered_metadata = lambda: None
 
     # -- the SDK's protocol
 
@@ -230,6 +240,10 @@ class GrantStorage:
             "token_version": F("token_version") + 1,
             "updated_at": timezone.now(),
         }
+        metadata = self.discovered_metadata()
+        if metadata is not None:  # otherwise (a refresh without discovery) the stored one stays
+            endpoint = str(metadata.revocation_endpoint or "")
+            values["revocation_endpoint"] = endpoint if len(endpoint) <= 500 else ""
         with transaction.atomic():
             grant = self._ensure_grant()
             if self.connecting:
@@ -411,6 +425,7 @@ class StoredOAuthProvider(_StoredGrant, OAuthClientProvider):
     def __init__(self, *args, storage: GrantStorage, **kwargs):
         super().__init__(*args, storage=storage, **kwargs)
         self.storage = storage
+        storage.discovered_metadata = lambda: self.context.oauth_metadata
 
 
 class StoredClientCredentialsProvider(_StoredGrant, ClientCredentialsOAuthProvider):
@@ -420,6 +435,7 @@ class StoredClientCredentialsProvider(_StoredGrant, ClientCredentialsOAuthProvid
             warnings.simplefilter("ignore", MCPDeprecationWarning)
             super().__init__(*args, storage=storage, **kwargs)
         self.storage = storage
+        storage.discovered_metadata = lambda: self.context.oauth_metadata
 
 
 def _client_metadata(server: MCPServer, redirect_uri: str) -> OAuthClientMetadata:
@@ -811,21 +827,44 @@ def forget_grant_if_moved(server: MCPServer) -> None:
         MCPOAuthGrant.objects.filter(server_id=server.pk).delete()
 
 
-# --- revoking -------------------------------------------------------------------------------
+# --- revoking ---------------------------------------------------------------------------
+
+# The authorization server gets this long (at most) to confirm each revocation: an admin waits.
+REVOCATION_TIMEOUT_SECONDS = 10
 
 
-def do_revoke(server: MCPServer, user) -> bool:
-    """Drop the stored tokens of `server` (the registered client is kept). True if there were any.
+@dataclass(frozen=True)
+class Revocation:
+    """What a Revoke did: whether there were stored tokens (now deleted), and a sentence on
+    what the authorization server was told (`upstream_ok` False: it may still honour them)."""
 
-    The authorization server's revocation endpoint is not called: a revoked grant here is
-    unusable by this workspace, which is what the admin asked for.
+    had_tokens: bool
+    upstream: str = ""
+    upstream_ok: bool = True
+
+
+def do_revoke(server: MCPServer, user) -> Revocation:
+    """Drop the stored tokens of `server` (the registered client is kept), then ask the
+    authorization server to revoke them too (RFC 7009), when its metadata named an endpoint.
+
+    The local drop comes first and does not depend on the authorization server: the tokens are
+    unusable by this workspace whatever it answers. The row is locked while the tokens are
+    read and dropped, so a refresh in flight cannot store newer tokens that would go unrevoked
+    (its compare-and-set then fails on the changed consent).
     """
     who = getattr(user, "username", "") or "an admin"
-    updated = (
-        MCPOAuthGrant.objects.for_tenant(server.tenant_id)
-        .filter(server_id=server.pk)
-        .exclude(tokens_encrypted="")
-        .update(
+    with transaction.atomic():
+        grant = (
+            MCPOAuthGrant.objects.for_tenant(server.tenant_id)
+            .select_for_update()
+            .filter(server_id=server.pk)
+            .exclude(tokens_encrypted="")
+            .first()
+        )
+        if grant is None:
+            return Revocation(had_tokens=False)
+        tokens = OAuthToken.model_validate_json(decrypt(grant.tokens_encrypted))
+        MCPOAuthGrant.objects.filter(pk=grant.pk).update(
             tokens_encrypted="",
             expires_at=None,
             has_refresh_token=False,
@@ -835,5 +874,78 @@ def do_revoke(server: MCPServer, user) -> bool:
             lost_reason=f"revoked by {who}"[:300],
             updated_at=timezone.now(),
         )
-    )
-    return bool(updated)
+    upstream, ok = _revoke_upstream(server, grant, tokens)
+    logger.info("MCP server %s: stored tokens revoked by %s; %s", server.pk, who, upstream)
+    return Revocation(had_tokens=True, upstream=upstream, upstream_ok=ok)
+
+
+def _revocation_client(server: MCPServer, grant: MCPOAuthGrant) -> tuple[str, str, str] | None:
+    """(client_id, client_secret, auth method) the tokens were issued to, as at the token endpoint."""
+    method = server.oauth_token_endpoint_auth_method
+    if server.auth_mode == MCPServer.AuthMode.CLIENT_CREDENTIALS:
+        return (
+            server.oauth_client_id,
+            decrypt(server.oauth_client_secret_encrypted),
+            (
+                method if method != "none" else "client_secret_post"  # as the provider sends it
+            ),
+        )
+    if server.oauth_client_registration == MCPServer.ClientRegistration.PRE_REGISTERED:
+        return server.oauth_client_id, decrypt(server.oauth_client_secret_encrypted), method
+    if not grant.client_info_encrypted:
+        return None
+    info = OAuthClientInformationFull.model_validate_json(decrypt(grant.client_info_encrypted))
+    return info.client_id or "", info.client_secret or "", info.token_endpoint_auth_method or "none"
+
+
+def _revoke_upstream(server: MCPServer, grant: MCPOAuthGrant, tokens: OAuthToken) -> tuple[str, bool]:
+    """Ask the authorization server to revoke the refresh token, then the access token.
+    Returns a sentence for the admin (never what the server answered beyond its status) and
+    whether it confirmed every revocation."""
+    endpoint = grant.revocation_endpoint
+    if not endpoint:
+        return "the authorization server names no revocation endpoint, so it was not told", False
+    client = _revocation_client(server, grant)
+    if client is None or not client[0]:
+        return "no registered client is known to tell the authorization server with", False
+    client_id, secret, method = client
+    # client_secret is always present (empty unless sent by client_secret_post): the MCP SDK's
+    # own revocation endpoint, which many servers deploy, answers 400 to a form without it.
+    headers, auth_fields = {"Accept": "application/json"}, {"client_id": client_id, "client_secret": ""}
+    if method == "client_secret_basic" and secret:
+        pair = f"{quote(client_id, safe='')}:{quote(secret, safe='')}"  # RFC 6749 §2.3.1
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+    elif method == "client_secret_post" and secret:
+        auth_fields["client_secret"] = secret
+    # An operator's server is trusted at its own origin only, as for its other OAuth endpoints.
+    trusted = origin_of(server.url) if server.configured_by_operator else ""
+    timeout = min(float(server.timeout_seconds or REVOCATION_TIMEOUT_SECONDS), REVOCATION_TIMEOUT_SECONDS)
+    host = urlsplit(endpoint).hostname or endpoint
+    revoked = []
+    with httpx2.Client(transport=guarded_transport(trusted=trusted), timeout=timeout) as http:
+        for hint, token in (("refresh_token", tokens.refresh_token), ("access_token", tokens.access_token)):
+            if not token:
+                continue
+            try:
+                response = http.post(
+                    endpoint, data={"token": token, "token_type_hint": hint, **auth_fields}, headers=headers
+                )
+            except (httpx2.HTTPError, OutboundRefused) as exc:
+                refused = refusal_in(exc)
+                why = (
+                    str(refused)
+                    if refused is not None
+                    else (
+                        f"did not answer within {timeout:g} s"
+                        if isinstance(exc, httpx2.TimeoutException)
+                        else "was not reachable"
+                    )
+                )
+                return f"the authorization server ({host}) {why}; it was not told", False
+            if response.status_code != 200:
+                return (
+                    f"the authorization server ({host}) refused the revocation (HTTP {response.status_code})",
+                    False,
+                )
+            revoked.append(hint.replace("_token", ""))
+    return f"the authorization server ({host}) revoked the {' and '.join(revoked)} token(s)", True
