@@ -98,3 +98,11 @@ def test_the_admin_action_refreshes_and_reports(owner_a_admin, tenant_a):
     page = response.content.decode()
     assert "xample: connected; 9 tool(s)" in page  # Django capitalizes the first letter of messages
     assert Tool.objects.filter(tenant=tenant_a, mcp_server=server, name="example__add").exists()
+
+
+@pytest.mark.django_db
+def test_a_tenant_admins_only_tenant_is_preselected_on_add_forms(owner_a_admin, tenant_a, tenant_b):
+    form = owner_a_admin.get(f"{ADMIN}/mcpserver/add/").context["adminform"].form
+
+    assert list(form.fields["tenant"].queryset) == [tenant_a]
+    assert form["tenant"].value() == tenant_a.pk
