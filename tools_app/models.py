@@ -105,7 +105,7 @@ class MCPServer(OperatorConfigured, TenantOwnedModel):
         help_text="stdio: absolute host paths the server may read, bound read-only at the same path "
         "(operator only).",
     )
-    url = models.URLField(max_length=500, blank=True, help_text="Streamable HTTP endpoint")
+    url = models.URLField("URL", max_length=500, blank=True, help_text="Streamable HTTP endpoint")
     headers = models.JSONField(
         default=dict, blank=True, help_text="HTTP headers; values may be {{secret:NAME}}"
     )
@@ -138,23 +138,32 @@ class MCPServer(OperatorConfigured, TenantOwnedModel):
 
     auth_mode = models.CharField(max_length=20, choices=AuthMode.choices, default=AuthMode.NONE)
     oauth_scopes = models.CharField(
+        "OAuth scopes",
         max_length=500,
         blank=True,
         help_text="Space-separated; used when the server names none (its challenge or metadata wins).",
     )
     oauth_client_registration = models.CharField(
-        max_length=20, choices=ClientRegistration.choices, default=ClientRegistration.DYNAMIC
+        "OAuth client registration",
+        max_length=20,
+        choices=ClientRegistration.choices,
+        default=ClientRegistration.DYNAMIC,
     )
     oauth_client_metadata_url = models.URLField(
         max_length=500,
         blank=True,
         help_text="Client ID metadata document: an https URL used as the client_id.",
     )
-    oauth_client_id = models.CharField(max_length=300, blank=True, help_text="Pre-registered client ID.")
+    oauth_client_id = models.CharField(
+        "OAuth client ID", max_length=300, blank=True, help_text="Pre-registered client ID."
+    )
     # Encrypted (tenancy_app.crypto); set through the admin's write-only field, never shown.
     oauth_client_secret_encrypted = models.TextField(blank=True, editable=False)
     oauth_token_endpoint_auth_method = models.CharField(
-        max_length=20, choices=TokenEndpointAuth.choices, default=TokenEndpointAuth.CLIENT_SECRET_BASIC
+        "OAuth token endpoint auth method",
+        max_length=20,
+        choices=TokenEndpointAuth.choices,
+        default=TokenEndpointAuth.CLIENT_SECRET_BASIC,
     )
     oauth_issuer = models.URLField(
         max_length=500,
