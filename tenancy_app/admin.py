@@ -56,9 +56,10 @@ class TenantScopedAdmin(admin.ModelAdmin):
         field = super().formfield_for_foreignkey(db_field, request, **kwargs)
         if field is not None and hasattr(field, "queryset"):
             field.queryset = self._scoped(request, field.queryset)
-            tenant_ids = self._tenant_ids(request)
-            if field.queryset.model is Tenant and not request.user.is_superuser and len(tenant_ids) == 1:
-                field.initial = tenant_ids[0]  # the only tenant this admin can pick: preselected
+            if field.queryset.model is Tenant and not request.user.is_superuser:
+                tenant_ids = self._tenant_ids(request)
+                if len(tenant_ids) == 1:
+                    field.initial = tenant_ids[0]  # the only tenant this admin can pick: preselected
             if field.queryset.model is get_user_model() and not request.user.is_superuser:
                 # People are offered only from the tenants this admin manages; new accounts are a superuser's call.
                 field.queryset = field.queryset.filter(

@@ -453,13 +453,12 @@ def _client_metadata(server: MCPServer, redirect_uri: str) -> OAuthClientMetadat
 
 def _provider(server: MCPServer, storage: GrantStorage, redirect_handler, callback_handler):
     if server.auth_mode == MCPServer.AuthMode.CLIENT_CREDENTIALS:
-        method = server.oauth_token_endpoint_auth_method
         return StoredClientCredentialsProvider(
             server.url,
             storage=storage,
             client_id=server.oauth_client_id,
             client_secret=decrypt(server.oauth_client_secret_encrypted),
-            token_endpoint_auth_method=method if method != "none" else "client_secret_post",
+            token_endpoint_auth_method=_client_credentials_auth_method(server),
             scope=server.oauth_scopes or None,
             issuer=server.oauth_issuer or None,
         )
@@ -474,6 +473,13 @@ def _provider(server: MCPServer, storage: GrantStorage, redirect_handler, callba
         callback_handler=callback_handler,
         client_metadata_url=metadata_url,
     )
+
+
+def _client_credentials_auth_method(server: MCPServer) -> str:
+    """How a client-credentials client authenticates at the token endpoint: it always has a
+    secret, so "none" (the field's other choice) means sending it in the form."""
+    method = server.oauth_token_endpoint_auth_method
+    return method if method != "none" else "client_secret_post"
 
 
 def _known_secrets(server: MCPServer, grant: MCPOAuthGrant | None) -> tuple[str, ...]:
@@ -881,17 +887,11 @@ def do_revoke(server: MCPServer, user) -> Revocation:
 
 def _revocation_client(server: MCPServer, grant: MCPOAuthGrant) -> tuple[str, str, str] | None:
     """(client_id, client_secret, auth method) the tokens were issued to, as at the token endpoint."""
-    method = server.oauth_token_endpoint_auth_method
+    secret = decrypt(server.oauth_client_secret_encrypted)
     if server.auth_mode == MCPServer.AuthMode.CLIENT_CREDENTIALS:
-        return (
-            server.oauth_client_id,
-            decrypt(server.oauth_client_secret_encrypted),
-            (
-                method if method != "none" else "client_secret_post"  # as the provider sends it
-            ),
-        )
+        return server.oauth_client_id, secret, _client_credentials_auth_method(server)
     if server.oauth_client_registration == MCPServer.ClientRegistration.PRE_REGISTERED:
-        return server.oauth_client_id, decrypt(server.oauth_client_secret_encrypted), method
+        return server.oauth_client_id, secret, server.oauth_token_endpoint_auth_method
     if not grant.client_info_encrypted:
         return None
     info = OAuthClientInformationFull.model_validate_json(decrypt(grant.client_info_encrypted))
