@@ -287,6 +287,10 @@ class MCPServerAdmin(TenantScopedAdmin):
 
 @admin.register(SandboxPolicy)
 class SandboxPolicyAdmin(TenantScopedAdmin):
+    """Tenant admins narrow limits and may switch egress on; what lets a command out of the sandbox
+    (`SandboxPolicy.OPERATOR_FIELDS`: the rlimits-only fallback, the host's network) exists only
+    for superusers: a tenant admin neither sees nor posts it."""
+
     list_display = [
         "name",
         "tenant",
@@ -296,9 +300,22 @@ class SandboxPolicyAdmin(TenantScopedAdmin):
         "memory_mb",
         "wall_seconds",
         "max_processes",
-        "fallback",
         "is_default",
     ]
+    operator_list_display = ["fallback", "host_network", "configured_by_operator"]
+
+    def get_list_display(self, request):
+        extra = self.operator_list_display if request.user.is_superuser else []
+        return [*self.list_display, *extra]
+
+    def get_exclude(self, request, obj=None):
+        return [] if request.user.is_superuser else list(SandboxPolicy.OPERATOR_FIELDS)
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["configured_by_operator"] if request.user.is_superuser else []
+
+    def save_model(self, request, obj, form, change):
+        obj.save(by_operator=request.user.is_superuser)
 
 
 class SecretForm(forms.ModelForm):

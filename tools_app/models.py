@@ -8,6 +8,8 @@ means "this tenant's rows plus the global ones".
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
@@ -15,6 +17,8 @@ from django.db import models
 
 from approvals_app.choices import Risk, ToolSource
 from tenancy_app.models import TenantOrGlobalModel, TenantOwnedModel
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 name_validator = RegexValidator(
     r"^[a-z0-9][a-z0-9_-]{0,47}$", "Use lowercase letters, digits, '_' or '-' (max 48)."
@@ -222,6 +226,16 @@ class ToolSet(TenantOrGlobalModel):
     name = models.CharField(max_length=48, validators=[name_validator])
     description = models.TextField(blank=True)
     is_default = models.BooleanField(default=False, help_text="Attached to every new Session.")
+    # Written by an admin, never by the model: the one place a `{{secret:NAME}}` reaches a
+    # `shell_exec` process (ARCHITECTURE §7, secrets only where an admin bound them).
+    shell_env = models.JSONField(
+        default=dict,
+        blank=True,
+        verbose_name="shell environment",
+        help_text="Environment variables for shell_exec in Sessions that have this tool set, e.g. "
+        '{"API_TOKEN": "{{secret:API_TOKEN}}"}. Values may reference tenant secrets; the model '
+        "never can. Output that shows a value is redacted.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -236,6 +250,20 @@ class ToolSet(TenantOrGlobalModel):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self):
+        super().clean()
+        env = self.shell_env
+        if env in (None, ""):
+            self.shell_env = {}
+            return
+        if not isinstance(env, dict):
+            raise ValidationError({"shell_env": "Give a JSON object of NAME: value strings."})
+        for name, value in env.items():
+            if not ENV_NAME.match(name):
+                raise ValidationError({"shell_env": f"{name!r} is not a valid environment variable name."})
+            if not isinstance(value, str) or "\x00" in value:
+                raise ValidationError({"shell_env": f"The value of {name} must be a string without NUL."})
 
 
 class Tool(TenantOrGlobalModel):
@@ -286,7 +314,17 @@ class Tool(TenantOrGlobalModel):
             )
 
 
-class SandboxPolicy(TenantOrGlobalModel):
+class SandboxPolicy(OperatorConfigured, TenantOrGlobalModel):
+    """Limits of the process sandbox for a tenant's `shell_exec` and stdio MCP servers.
+
+    A tenant admin may narrow limits and switch on `network` (egress through the outbound guard's
+    proxy from the sandbox's own network namespace). `fallback` and `host_network` let a command
+    run outside parts of the sandbox: they are operator-only (`OPERATOR_FIELDS`), honoured only
+    while `configured_by_operator` holds (see `effective_fallback` / `effective_host_network`).
+    """
+
+    OPERATOR_FIELDS = ("fallback", "host_network")
+
     class Filesystem(models.TextChoices):
         READ_ONLY = "read_only", "Read only"
         WORKSPACE_WRITE = "workspace_write", "Workspace writable"
@@ -299,14 +337,32 @@ class SandboxPolicy(TenantOrGlobalModel):
     filesystem = models.CharField(
         max_length=20, choices=Filesystem.choices, default=Filesystem.WORKSPACE_WRITE
     )
-    network = models.BooleanField(default=False)
+    network = models.BooleanField(
+        default=False,
+        help_text="Egress to public addresses through the outbound guard (a proxy the sandbox reaches "
+        "from its own network namespace): never loopback, private, link-local or metadata addresses "
+        "unless the operator allow-lists them, and never the host's own network.",
+    )
+    host_network = models.BooleanField(
+        default=False,
+        verbose_name="host network (dangerous)",
+        help_text="Operator only. DANGEROUS: commands share the host's network namespace and reach "
+        "everything the host reaches (its database, Redis, the app's own port, internal networks). "
+        "Never for a tenant's own policy.",
+    )
     cpu_seconds = models.PositiveIntegerField(default=30)
     memory_mb = models.PositiveIntegerField(default=1024)
     wall_seconds = models.PositiveIntegerField(default=60)
     max_processes = models.PositiveIntegerField(default=64)
     max_file_size_mb = models.PositiveIntegerField(default=50)
     max_output_bytes = models.PositiveIntegerField(default=200_000)
-    fallback = models.CharField(max_length=15, choices=Fallback.choices, default=Fallback.REFUSE)
+    fallback = models.CharField(
+        max_length=15,
+        choices=Fallback.choices,
+        default=Fallback.REFUSE,
+        help_text="Operator only: where bubblewrap cannot start, refuse (always, for a tenant) or run "
+        "with resource limits only.",
+    )
     is_default = models.BooleanField(default=False)
 
     class Meta:
@@ -324,6 +380,15 @@ class SandboxPolicy(TenantOrGlobalModel):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def effective_fallback(self) -> str:
+        """`fallback`, if an operator set it; a tenant's row always refuses."""
+        return self.fallback if self.configured_by_operator else self.Fallback.REFUSE
+
+    @property
+    def effective_host_network(self) -> bool:
+        return bool(self.host_network and self.configured_by_operator)
+
     def limits_kwargs(self) -> dict:
         return {
             field: getattr(self, field)
@@ -336,9 +401,8 @@ class SandboxPolicy(TenantOrGlobalModel):
                 "max_processes",
                 "max_file_size_mb",
                 "max_output_bytes",
-                "fallback",
             )
-        }
+        } | {"fallback": self.effective_fallback, "host_network": self.effective_host_network}
 
 
 class Secret(TenantOwnedModel):

@@ -357,7 +357,8 @@ def test_without_a_working_bwrap_the_server_is_refused_by_default(tenant_a, brok
 def test_the_rlimits_only_fallback_starts_the_server_unconfined_and_logs(
     tenant_a, hostile, broken_bwrap, caplog
 ):
-    SandboxPolicy.objects.create(tenant=tenant_a, name="lenient", is_default=True, fallback="rlimits_only")
+    # Only an operator may allow running without namespaces.
+    SandboxPolicy(tenant=tenant_a, name="lenient", is_default=True, fallback="rlimits_only").save(by_operator=True)
 
     with caplog.at_level(logging.WARNING, logger="tools_app.sandbox.server"):
         (me,) = in_one_session(hostile, [("whoami", {})])
@@ -365,6 +366,13 @@ def test_the_rlimits_only_fallback_starts_the_server_unconfined_and_logs(
     assert me["uid"] == SANDBOX_UID  # the uid drop and the limits still apply...
     assert me["cwd"] == me["home"] == str(server_directory(hostile))  # ...but no namespaces
     assert any("rlimits only" in record.getMessage() for record in caplog.records)
+
+
+def test_a_tenant_admins_rlimits_only_fallback_is_not_honoured(tenant_a, hostile, broken_bwrap):
+    SandboxPolicy.objects.create(tenant=tenant_a, name="lenient", is_default=True, fallback="rlimits_only")
+
+    with pytest.raises(MCPError, match="fallback 'refuse'"):
+        refresh_server(hostile)
 
 
 def test_a_command_missing_from_the_sandbox_is_named(tenant_a):

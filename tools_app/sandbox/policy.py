@@ -7,7 +7,11 @@ with a limit nobody meant. Limits are per run:
 - `filesystem`: "workspace_write" binds the workspace read-write at /workspace,
   "read_only" binds it read-only. Nothing else of the host is writable in either case.
 - `network`: False gives the sandbox its own empty network namespace (not even the host's
-  loopback); True shares the host network.
+  loopback); True keeps that namespace and adds egress through the outbound guard: a proxy the
+  sandbox reaches at 127.0.0.1 inside its namespace (`sandbox.egress`), which refuses loopback,
+  private, link-local and metadata addresses unless the operator allow-lists them.
+- `host_network`: share the host's network namespace (operator-only: `SandboxPolicy` honours it
+  only on a row an operator configured). Never reached from a tenant's settings.
 - `cpu_seconds` (RLIMIT_CPU, per process), `memory_mb` (RLIMIT_AS, address space per process),
   `max_processes` (RLIMIT_NPROC for the sandbox uid), `max_file_size_mb` (RLIMIT_FSIZE).
 - `wall_seconds`: the whole run, after which every process of it is killed.
@@ -15,6 +19,7 @@ with a limit nobody meant. Limits are per run:
   run that keeps flooding (OUTPUT_FLOOD_FACTOR times the cap in total) is stopped.
 - `fallback`: what to do where bubblewrap cannot run: "refuse" (default) or "rlimits_only"
   (run with the uid drop and rlimits but no namespaces; logged, and reported `sandboxed=False`).
+  Operator-only, like `host_network`: a tenant's policy always refuses.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
 class SandboxLimits:
     filesystem: Literal["read_only", "workspace_write"] = "workspace_write"
     network: bool = False
+    host_network: bool = False
     cpu_seconds: int = 30
     memory_mb: int = 1024
     wall_seconds: int = 60
@@ -54,8 +60,9 @@ class SandboxLimits:
             raise ValueError(f"filesystem must be one of {FILESYSTEM_MODES}, not {self.filesystem!r}")
         if self.fallback not in FALLBACK_MODES:
             raise ValueError(f"fallback must be one of {FALLBACK_MODES}, not {self.fallback!r}")
-        if not isinstance(self.network, bool):
-            raise ValueError(f"network must be a bool, not {self.network!r}")
+        for name in ("network", "host_network"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, not {getattr(self, name)!r}")
         for name, (low, high) in INT_BOUNDS.items():
             value = getattr(self, name)
             # bool is an int subclass; True as "cpu_seconds" is a mistake, not 1 second.
