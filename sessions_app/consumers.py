@@ -96,6 +96,7 @@ class SessionConsumer(TenantScopedConsumer):
                 text=body.validated_data["text"],
                 attachments=body.validated_data.get("attachments"),
                 user=self.scope["user"],
+                caller=self.principal.ident,
             )
             await self.send_json(
                 {"seq": None, "type": "ack", "data": {"input_id": created.pk, "status": "queued"}}

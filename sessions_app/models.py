@@ -128,6 +128,10 @@ class Input(TenantOwnedModel):
     payload = models.JSONField(default=dict)
     # NULL, not "", for "no key": the unique constraint must not treat keyless inputs as duplicates.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # The caller whose Idempotency-Key namespace it was sent in: `key:<id>` for a call made with an
+    # API key, else `user:<id>` (as the rate limits name a caller). A key string is that caller's
+    # own: a colleague reusing it sends their own input and never receives someone else's.
+    caller = models.CharField(max_length=50, blank=True, default="")
     status = models.CharField(max_length=10, choices=InputStatus.choices, default=InputStatus.QUEUED)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -138,7 +142,8 @@ class Input(TenantOwnedModel):
         ordering = ["id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["session", "idempotency_key"], name="unique_input_idempotency_key"
+                fields=["session", "caller", "idempotency_key"],
+                name="unique_input_idempotency_key_per_caller",
             )
         ]
         indexes = [

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from .choices import Role
 from .models import ApiKey, Membership, Tenant
+from .revocation import announce_key_revoked
 
 API_KEY_PREFIX = "xak_"
 # last_used_at is bookkeeping, not evidence: refreshing it at most once a minute keeps an
@@ -72,8 +73,12 @@ def do_issue_api_key(tenant: Tenant, user, name: str) -> tuple[ApiKey, str]:
 
 
 def do_revoke_api_key(key: ApiKey) -> ApiKey:
-    """Revoke a key; revoking a revoked key changes nothing."""
-    ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    """Revoke a key; revoking a revoked key changes nothing. The key's open WebSockets are
+    closed and its long polls ended as soon as the revocation commits."""
+    with transaction.atomic():
+        revoked = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        if revoked:
+            announce_key_revoked(key.pk)
     key.refresh_from_db(fields=["revoked_at"])
     return key
 

@@ -7,3 +7,6 @@ class TenancyConfig(AppConfig):
 
     def ready(self):
         from . import schema  # noqa: F401  (registers the OpenAPI auth extension)
+        from .revocation import connect_signals
+
+        connect_signals()

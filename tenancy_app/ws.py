@@ -2,20 +2,24 @@
 
 `TenantAuthMiddleware` sets `scope["user"]`, `scope["membership"]` and `scope["tenant"]` by the
 same rules as the REST API: `?token=<api key>`, or the browser's session cookie, honoured only
-when the Origin header names one of our hosts (cross-site WebSocket hijacking).
+when the Origin header is our own origin — scheme, host and port — as Django's CSRF check
+decides it for a form post (cross-site WebSocket hijacking).
 
 `TenantScopedConsumer` refuses a handshake without a tenant by closing before accepting (an
-ASGI server such as daphne answers that with HTTP 403); once open, every client frame first
-re-checks that the key is not revoked and the user still belongs to the tenant (else close
-4401), then must be a JSON text frame within the body limit and nesting depth of the REST API;
-anything else is answered `{"type": "error", "error": {code, message}}` and the socket stays open.
+ASGI server such as daphne answers that with HTTP 403). An open socket is closed with 4401 as
+soon as its key is revoked or its user leaves the tenant or is deactivated: it listens for the
+revocation notice (tenancy_app.revocation), re-checks every client frame, and re-checks by
+itself every RECHECK_INTERVAL_S in case a notice was lost. A client frame must be a JSON text
+frame within the body limit and nesting depth of the REST API; anything else is answered
+`{"type": "error", "error": {code, message}}` and the socket stays open.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, urlsplit
 
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
@@ -23,13 +27,14 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocke
 from channels.middleware import BaseMiddleware
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
-from django.http.request import validate_host
+from django.http.request import split_domain_port, validate_host
+from django.utils.http import is_same_domain
 
 from config.parsers import json_depth_exceeds, json_max_depth
 
 from .access import SESSION_TENANT_KEY, resolve_membership
 from .actions import authenticate_api_key
-from .models import ApiKey, Membership
+from .revocation import Principal
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +45,82 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 
 
-def _origin_is_ours(scope) -> bool:
-    for name, value in scope.get("headers", []):
-        if name == b"origin":
-            host = urlparse(value.decode("latin1")).hostname or ""
-            return validate_host(host, settings.ALLOWED_HOSTS)
+# A socket with no client frame for this long still learns that its access ended, even when the
+# revocation notice was lost on the channel layer (which drops messages to a full channel).
+RECHECK_INTERVAL_S = 60.0
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value.decode("latin1")
+    return None
+
+
+def _parse_origin(value: str) -> tuple[str, str, int] | None:
+    """`(scheme, host, port)` of an origin such as `https://app.example.com:8443`; None for
+    anything else (`null`, a path, another scheme)."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme not in DEFAULT_PORTS or not host or parts.path not in ("", "/") or parts.query:
+        return None
+    return scheme, host, port or DEFAULT_PORTS[scheme]
+
+
+def _own_origin(scope) -> tuple[str, str, int] | None:
+    """The origin this handshake was sent to, as Django's `request.get_host()` and
+    `request.is_secure()` would see it: the Host header (one of ALLOWED_HOSTS, else None) with
+    its port, and https when the TLS proxy's SECURE_PROXY_SSL_HEADER says so or the socket is wss."""
+    host = _header(scope, b"host")
+    if settings.USE_X_FORWARDED_HOST:
+        host = (_header(scope, b"x-forwarded-host") or "").split(",")[0].strip() or host
+    if not host:
+        return None
+    domain, port = split_domain_port(host)
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]  # what Django's get_host() allows then
+    if not domain or not validate_host(domain, allowed):
+        return None
+    scheme = "https" if scope.get("scheme") in ("wss", "https") else "http"
+    if settings.SECURE_PROXY_SSL_HEADER:
+        meta_name, secure_value = settings.SECURE_PROXY_SSL_HEADER
+        name = meta_name.removeprefix("HTTP_").replace("_", "-").lower().encode("latin1")
+        forwarded = _header(scope, name)
+        if forwarded is not None:
+            scheme = "https" if forwarded.split(",")[0].strip() == secure_value else "http"
+    return scheme, domain.strip("[]").lower(), int(port) if port else DEFAULT_PORTS[scheme]
+
+
+def _trusted_origin(origin: tuple[str, str, int]) -> bool:
+    """CSRF_TRUSTED_ORIGINS, read as Django's CSRF check reads it (`https://*.example.com`
+    trusts every subdomain)."""
+    scheme, host, port = origin
+    for entry in settings.CSRF_TRUSTED_ORIGINS:
+        wildcard = "://*." in entry
+        trusted = _parse_origin(entry.replace("://*.", "://", 1) if wildcard else entry)
+        if trusted is None or trusted[0] != scheme or trusted[2] != port:
+            continue
+        matches = is_same_domain(host, f".{trusted[1]}") if wildcard else host == trusted[1]
+        if matches:
+            return True
     return False
+
+
+def _origin_is_ours(scope) -> bool:
+    """Did a page of our own site open this socket? Scheme, host and port must all match: another
+    port on the same host is another origin (another application) and gets no cookie access."""
+    value = _header(scope, b"origin")
+    origin = _parse_origin(value) if value is not None else None
+    if origin is None:
+        return False
+    return origin == _own_origin(scope) or _trusted_origin(origin)
 
 
 def _session_membership(user, session):
@@ -70,23 +145,13 @@ class TenantAuthMiddleware(BaseMiddleware):
                 membership = await database_sync_to_async(_session_membership)(user, scope.get("session"))
         scope["user"] = user
         scope["membership"] = membership
-        scope["api_key_id"] = key_id  # re-checked on every client frame (revocation)
+        scope["api_key_id"] = key_id  # its socket listens for the key's revocation
         scope["tenant"] = membership.tenant if membership is not None else None
         return await super().__call__(scope, receive, send)
 
 
 def TenantAuthMiddlewareStack(inner):
     return AuthMiddlewareStack(TenantAuthMiddleware(inner))
-
-
-def _still_authorized(membership_id: int, key_id: int | None) -> bool:
-    """One query: the membership still exists, its user is active and (for token sockets) the key
-    is not revoked."""
-    if key_id is not None:
-        return ApiKey.objects.filter(
-            pk=key_id, revoked_at__isnull=True, user__is_active=True, user__memberships__pk=membership_id
-        ).exists()
-    return Membership.objects.filter(pk=membership_id, user__is_active=True).exists()
 
 
 def parse_client_frame(text_data: str | None, bytes_data: bytes | None):
@@ -115,10 +180,22 @@ class TenantScopedConsumer(AsyncJsonWebsocketConsumer):
     for client frames, which arrive parsed, from a still-authorized client.
     """
 
+    access_ended = False
+    _recheck: asyncio.Task | None = None
+
     async def connect(self):
         self.tenant = self.scope.get("tenant")
         self.membership = self.scope.get("membership")
         if self.tenant is None:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.principal = Principal.of(self.membership, self.scope.get("api_key_id"))
+        for group in self.principal.groups():
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups.append(group)  # Channels leaves `self.groups` when the socket closes
+        # Access that ended between the handshake's authentication and the subscription above
+        # has no notice coming: check once more now.
+        if not await database_sync_to_async(self.principal.still_authorized)():
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         await self.tenant_connect()
@@ -126,15 +203,46 @@ class TenantScopedConsumer(AsyncJsonWebsocketConsumer):
     async def tenant_connect(self):
         await self.accept()
 
-    async def receive(self, text_data=None, bytes_data=None, **kwargs):
-        authorized = await database_sync_to_async(_still_authorized)(
-            self.membership.pk, self.scope.get("api_key_id")
-        )
-        if not authorized:
+    async def accept(self, subprotocol=None, headers=None):
+        await super().accept(subprotocol, headers)
+        if self._recheck is None:
+            self._recheck = asyncio.ensure_future(self._recheck_periodically())
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # closed, disconnected or cancelled by the server: the re-check ends with the socket
+            if self._recheck is not None:
+                self._recheck.cancel()
+
+    async def access_revoked(self, message):
+        """A key of this socket was revoked or its user left the tenant (tenancy_app.revocation)."""
+        await self._close_unless_authorized()
+
+    async def _recheck_periodically(self):
+        while not self.access_ended:
+            await asyncio.sleep(RECHECK_INTERVAL_S)
+            try:
+                await self._close_unless_authorized()
+            except Exception:  # a database hiccup: the next round, a notice or a frame checks again
+                logger.warning("periodic access re-check failed in %s", type(self).__name__, exc_info=True)
+
+    async def _close_unless_authorized(self) -> bool:
+        """True while this socket's credentials still give access; else close it with 4401."""
+        if self.access_ended:
+            return False
+        if await database_sync_to_async(self.principal.still_authorized)():
+            return True
+        if not self.access_ended:  # a notice and a frame may both have been checking
+            self.access_ended = True
             await self.send_error(
                 "not_authenticated", "These credentials no longer give access to this tenant."
             )
             await self.close(code=CLOSE_UNAUTHENTICATED)
+        return False
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        if not await self._close_unless_authorized():
             return
         content, problem = parse_client_frame(text_data, bytes_data)
         if problem is not None:

@@ -11,6 +11,10 @@ An async view, so a waiting request holds no database connection and keeps no th
    the caller's XAGENT_LONG_POLL_MAX_PER_KEY slots (429 beyond) and awaits a `session.event`
    notification until `wait` runs out. The log is the truth: a notification only says
    "read again".
+4. The same channel listens on the caller's revocation groups (tenancy_app.revocation), and
+   every read after the first pass checks the caller's access again: a wait whose key is
+   revoked, or whose user leaves the tenant or is deactivated, ends at once with the error the
+   caller's next call gets (`_access_ended`) — never with events, never at the end of `wait`.
 
 Each database block closes its connection before the view awaits anything. A client that
 disconnects cancels the view (Django's ASGIHandler), which unsubscribes and frees the slot.
@@ -34,6 +38,7 @@ from django.views.decorators.cache import never_cache
 from rest_framework.renderers import JSONRenderer
 
 from config.api import ParameterError, json_error_response
+from tenancy_app.revocation import Principal
 from tenancy_app.throttling import acquire_long_poll_slot, release_long_poll_slot
 
 from ..models import SessionEvent
@@ -44,6 +49,8 @@ logger = logging.getLogger("xagent.api")
 
 MAX_WAIT_S = 30.0
 EVENT_PAGE = 500
+# What ended a wait for a notification (`_notified`).
+EVENT_NOTICE, ACCESS_NOTICE, TIMED_OUT = "event", "access", "timed_out"
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class LongPoll:
     after: int
     wait: float
     caller: str  # tenancy_app.throttling.caller_ident
+    principal: Principal  # whose access must still hold when the answer goes out
 
 
 def parse_wait(raw: str | None) -> float:
@@ -76,6 +84,24 @@ def read_events(session_id, after: int) -> dict:
     )
     last_seq = rows[-1].seq if rows else max(after, 0)
     return {"events": EventSerializer(rows, many=True).data, "last_seq": last_seq}
+
+
+def _read_if_authorized(poll: LongPoll) -> dict | None:
+    """`read_events` for the waiting caller, or None once its access has ended."""
+    if not poll.principal.still_authorized():
+        return None
+    return read_events(poll.session_id, poll.after)
+
+
+def _access_ended(principal: Principal) -> HttpResponse:
+    """The answer once access ended mid-wait, the one the caller's next call gets: for an API key
+    401 `authentication_failed` (tenancy_app.authentication), for the browser session of a user
+    who left the tenant 403 `permission_denied`."""
+    if principal.api_key_id is None:
+        return json_error_response(403, "permission_denied", "Your access to this tenant has ended.")
+    response = json_error_response(401, "authentication_failed", "Invalid or revoked API key.")
+    response["WWW-Authenticate"] = 'Bearer realm="api"'
+    return response
 
 
 def _release_connections() -> None:
@@ -124,23 +150,31 @@ async def session_events(request, pk):
     layer = get_channel_layer()
     if layer is None:  # nothing could wake the wait
         return response
-    group = session_group(poll.session_id)
+    groups = [session_group(poll.session_id), *poll.principal.groups()]
     channel = await layer.new_channel()
-    await layer.group_add(group, channel)
+    for group in groups:
+        await layer.group_add(group, channel)
     try:
         return await _wait_subscribed(layer, channel, poll)
     finally:
-        # Shielded: a disconnect cancels the view, and the group must still lose the channel.
-        await asyncio.shield(layer.group_discard(group, channel))
+        # Shielded: a disconnect cancels the view, and the groups must still lose the channel.
+        await asyncio.shield(_leave(layer, groups, channel))
+
+
+async def _leave(layer, groups: list[str], channel: str) -> None:
+    for group in groups:
+        await layer.group_discard(group, channel)
 
 
 async def _wait_subscribed(layer, channel: str, poll: LongPoll) -> HttpResponse:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + poll.wait
-    read = _in_db_block(read_events)
-    # Read again now that the channel listens: an event committed between the first read
-    # and the subscription has no notification coming.
-    page = await read(poll.session_id, poll.after)
+    read = _in_db_block(_read_if_authorized)
+    # Read again now that the channel listens: an event committed, or access ended, between the
+    # first read and the subscription has no notification coming.
+    page = await read(poll)
+    if page is None:
+        return _access_ended(poll.principal)
     if page["events"]:
         return _json(page)
     slot = await sync_to_async(acquire_long_poll_slot, thread_sensitive=False)(poll.caller, poll.wait)
@@ -151,9 +185,15 @@ async def _wait_subscribed(layer, channel: str, poll: LongPoll) -> HttpResponse:
         refused["Retry-After"] = "1"
         return refused
     try:
-        await _notified(layer, channel, poll.after, deadline - loop.time())
-        # Announced or timed out, the log decides: a dropped notification costs only latency.
-        return _json(await read(poll.session_id, poll.after))
+        while True:
+            woken_by = await _notified(layer, channel, poll.after, deadline - loop.time())
+            # Announced or timed out, the log decides: a dropped notification costs only latency.
+            page = await read(poll)
+            if page is None:
+                return _access_ended(poll.principal)
+            if woken_by != ACCESS_NOTICE or page["events"] or loop.time() >= deadline:
+                return _json(page)
+            # A notice whose cause did not last (the user was reactivated at once): wait on.
     finally:
         # Shielded for the same reason: the slot must be given back on a disconnect. A cancelled
         # handler still waits for the release, so no new poll of the same caller finds it held.
@@ -165,16 +205,17 @@ async def _wait_subscribed(layer, channel: str, poll: LongPoll) -> HttpResponse:
             raise
 
 
-async def _notified(layer, channel: str, after: int, timeout: float) -> bool:
-    """True once an event after `after` is announced within `timeout`; live deltas and late
-    notices of events the caller already has are skipped."""
+async def _notified(layer, channel: str, after: int, timeout: float) -> str:
+    """EVENT_NOTICE once an event after `after` is announced within `timeout`, ACCESS_NOTICE once
+    the caller's access may have ended, else TIMED_OUT; live deltas and late notices of events
+    the caller already has are skipped."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(timeout, 0)
     while (remaining := deadline - loop.time()) > 0:
         try:
             message = await asyncio.wait_for(layer.receive(channel), remaining)
         except TimeoutError:  # asyncio's: the caller's wait ran out
-            return False
+            return TIMED_OUT
         except Exception:
             # The channel layer is only a notification bus: a read timeout of its blocking pop or
             # a Redis hiccup must not fail the request. Listen again after a short pause; the log
@@ -182,10 +223,12 @@ async def _notified(layer, channel: str, after: int, timeout: float) -> bool:
             logger.warning("Long poll notification failed; listening again", exc_info=True)
             await asyncio.sleep(min(0.5, max(deadline - loop.time(), 0)))
             continue
+        if message.get("type") == "access.revoked":
+            return ACCESS_NOTICE
         if message.get("type") == "session.event" and (message["event"].get("seq") or 0) > after:
-            return True
+            return EVENT_NOTICE
         if message.get("type") == "session.events" and any(
             (e.get("seq") or 0) > after for e in message["events"]
         ):
-            return True
-    return False
+            return EVENT_NOTICE
+    return TIMED_OUT

@@ -17,6 +17,8 @@ from approvals_app.models import PendingApproval
 from config.api import Conflict, ParameterError
 from config.schema import error
 from tenancy_app.api.viewsets import TenantScopedViewSet
+from tenancy_app.models import ApiKey
+from tenancy_app.revocation import Principal
 from tenancy_app.throttling import caller_ident
 
 from ..choices import CallPurpose, InputRequestStatus, SessionStatus
@@ -162,6 +164,7 @@ class SessionViewSet(
             attachments=body.validated_data.get("attachments"),
             user=request.user,
             idempotency_key=validated_idempotency_key(request),
+            caller=caller_ident(request),
         )
         return Response(
             {"input_id": created_input.pk, "status": created_input.status},
@@ -222,7 +225,10 @@ class SessionViewSet(
         page = longpoll.read_events(session.pk, after)
         response = Response(page)
         if wait > 0 and not page["events"]:
-            response.long_poll = longpoll.LongPoll(session.pk, after, wait, caller_ident(request))
+            key_id = request.auth.pk if isinstance(request.auth, ApiKey) else None
+            response.long_poll = longpoll.LongPoll(
+                session.pk, after, wait, caller_ident(request), Principal.of(request.membership, key_id)
+            )
         return response
 
     @extend_schema(

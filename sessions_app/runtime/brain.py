@@ -51,13 +51,15 @@ def submit_input(
     attachments=None,
     user=None,
     idempotency_key=None,
+    caller: str = "",
     extra: dict | None = None,
 ):
-    """The one entry for every input (REST, WebSocket, browser): commit, then wake after commit."""
+    """The one entry for every input (REST, WebSocket, browser): commit, then wake after commit.
+    `caller` (`key:<id>` or `user:<id>`, default the user) owns the `idempotency_key`."""
     payload = {"text": text, **({"attachments": list(attachments)} if attachments else {}), **(extra or {})}
     with transaction.atomic():
         created_input, created = engine.enqueue_input(
-            session.pk, kind=kind, payload=payload, idempotency_key=idempotency_key, user=user
+            session.pk, kind=kind, payload=payload, idempotency_key=idempotency_key, user=user, caller=caller
         )
         if created:
             transaction.on_commit(lambda: wake(session.pk))

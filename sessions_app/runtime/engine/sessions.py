@@ -109,25 +109,36 @@ def add_selected_capabilities(session_id, token, *, tools=(), toolsets=(), skill
 
 
 def enqueue_input(
-    session_id, *, kind: str, payload: dict, idempotency_key: str | None = None, user=None
+    session_id, *, kind: str, payload: dict, idempotency_key: str | None = None, user=None, caller: str = ""
 ) -> tuple[Input, bool]:
     """Commit an input to the queue (it can never be lost after this). Returns (input, created).
 
-    The same idempotency key again returns the first input and queues nothing.
+    The same idempotency key again from the same caller (`key:<id>` or `user:<id>`; default:
+    the user) returns that caller's first input and queues nothing; another caller's key of the
+    same name is theirs alone.
     """
     if kind not in InputKind.values:
         raise InvalidInput(f"unknown input kind {kind!r}")
+    caller = caller or _caller_of(user)
     with locked_session(session_id) as session:
         if idempotency_key:
-            existing = Input.objects.filter(session=session, idempotency_key=idempotency_key).first()
+            existing = Input.objects.filter(
+                session=session, caller=caller, idempotency_key=idempotency_key
+            ).first()
             if existing is not None:
                 return existing, False
         return queue_input(
-            session, kind=kind, payload=payload, idempotency_key=idempotency_key, user=user
+            session, kind=kind, payload=payload, idempotency_key=idempotency_key, user=user, caller=caller
         ), True
 
 
-def queue_input(session: Session, *, kind: str, payload: dict, idempotency_key=None, user=None) -> Input:
+def _caller_of(user) -> str:
+    return f"user:{user.pk}" if getattr(user, "is_authenticated", False) else ""
+
+
+def queue_input(
+    session: Session, *, kind: str, payload: dict, idempotency_key=None, user=None, caller: str = ""
+) -> Input:
     """`enqueue_input` for a caller that already holds the Session lock (its events share the
     caller's batch: a second lock inside would number them twice)."""
     created = Input.objects.create(
@@ -136,6 +147,7 @@ def queue_input(session: Session, *, kind: str, payload: dict, idempotency_key=N
         kind=kind,
         payload=payload,
         idempotency_key=idempotency_key or None,
+        caller=caller or _caller_of(user),
         created_by=user if getattr(user, "is_authenticated", False) else None,
     )
     emit(session, "input.queued", {"input_id": created.pk, "kind": kind})
