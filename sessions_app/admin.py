@@ -12,6 +12,7 @@ from django.utils.html import format_html
 from tenancy_app.admin import ReadOnlyTenantScopedAdmin, TenantScopedAdmin
 from tenancy_app.crypto import encrypt
 from tools_app.net import OutboundRefused, check_url
+from tools_app.secrets import tenant_redactor
 
 from .models import (
     Checkpoint,
@@ -263,6 +264,18 @@ class DeliveryAdmin(ReadOnlyTenantScopedAdmin):
     list_display = ["id", "session", "turn", "file_count", "checks_passed", "unresolved", "created_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["final_answer"]
+
+    def get_object(self, request, object_id, from_field=None):
+        # Stored redacted; masked again for a row older than a secret (the page is read-only).
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            redactor = tenant_redactor(obj.tenant_id)
+            if redactor:
+                obj.final_answer = redactor.redact(obj.final_answer)
+                obj.files = redactor.redact_data(obj.files)
+                obj.checks = redactor.redact_data(obj.checks)
+                obj.unresolved_failures = redactor.redact_data(obj.unresolved_failures)
+        return obj
 
     @admin.display(description="files")
     def file_count(self, obj):

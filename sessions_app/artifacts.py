@@ -7,6 +7,12 @@ opens with Pillow, a PDF with pypdf. `preview` is what the Session page shows of
 table for CSV, sanitized HTML (nh3) for Markdown, numbered text, or a URL for the kinds the
 browser renders itself. Both read at most a bounded number of bytes, so a huge or hostile file
 cannot stall the worker or the web process.
+
+Both take the tenant's secret `Redactor`: a program given a secret (ARCHITECTURE §7) may have
+written it into a file, and what a file holds reaches delivery records, previews and admin
+pages only redacted. Text is redacted before it is parsed, rendered or cut to length (a cut must
+not leave half a value), and what the parsers extract is redacted again (a CSV cell or an HTML
+entity can spell a value the raw text does not).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import io
 import json
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,7 +112,19 @@ def content_type_of(path: str) -> str:
     return guessed
 
 
-def _cell(value: str) -> str:
+Redact = Callable[[str], str]
+
+
+def _unchanged(text: str) -> str:
+    return text
+
+
+def _redact_of(redactor) -> Redact:
+    return redactor.redact if redactor else _unchanged
+
+
+def _cell(value: str, redact: Redact = _unchanged) -> str:
+    value = redact(value)
     return value if len(value) <= MAX_CELL_CHARS else value[:MAX_CELL_CHARS] + "…"
 
 
@@ -126,8 +145,8 @@ def _csv_dialect(path: str):
 # --- machine checks ---------------------------------------------------------------------------
 
 
-def _check_csv(rel: str, data: bytes) -> Check:
-    text = _decode(data)
+def _check_csv(rel: str, data: bytes, redact: Redact) -> Check:
+    text = redact(_decode(data))
     rows = list(csv.reader(io.StringIO(text, newline=""), dialect=_csv_dialect(rel), strict=True))
     rows = [row for row in rows if row]  # a trailing blank line is not a row
     if not rows:
@@ -135,11 +154,12 @@ def _check_csv(rel: str, data: bytes) -> Check:
     header, body = rows[0], rows[1:]
     widths = {len(row) for row in body}
     ragged = sorted(i + 2 for i, row in enumerate(body) if len(row) != len(header))[:10]
+    header = [redact(h) for h in header]
     facts = {
         "rows": len(body),
         "columns": len(header),
         "header": [_cell(h) for h in header],
-        "sample_rows": [[_cell(c) for c in row] for row in body[:SAMPLE_ROWS]],
+        "sample_rows": [[_cell(c, redact) for c in row] for row in body[:SAMPLE_ROWS]],
     }
     if ragged:
         facts["ragged_lines"] = ragged
@@ -156,15 +176,15 @@ def _check_csv(rel: str, data: bytes) -> Check:
     )
 
 
-def _text_of(element) -> str:
-    return " ".join("".join(element.itertext()).split())
+def _text_of(element, redact: Redact = _unchanged) -> str:
+    return " ".join(redact("".join(element.itertext())).split())
 
 
 def _cells(row) -> list:
     return [cell for cell in row if cell.tag in ("th", "td")]
 
 
-def _check_html(rel: str, data: bytes) -> Check:
+def _check_html(rel: str, data: bytes, redact: Redact) -> Check:
     import lxml.html
     from lxml import etree
 
@@ -176,7 +196,7 @@ def _check_html(rel: str, data: bytes) -> Check:
     etree.strip_elements(document, "script", "style", with_tail=False)
     title = document.find(".//title")
     headings = [
-        {"level": int(el.tag[1]), "text": _text_of(el)[:200]}
+        {"level": int(el.tag[1]), "text": _text_of(el, redact)[:200]}
         for el in document.iter("h1", "h2", "h3", "h4", "h5", "h6")
     ][:MAX_LISTED]
     tables = []
@@ -187,11 +207,13 @@ def _check_html(rel: str, data: bytes) -> Check:
         caption = table.find("caption")
         tables.append(
             {
-                "id": table.get("id", ""),
-                "caption": _text_of(caption)[:200] if caption is not None else "",
-                "headers": [_text_of(c)[:100] for c in _cells(first)] if header_row else [],
+                "id": redact(table.get("id", "")),
+                "caption": _text_of(caption, redact)[:200] if caption is not None else "",
+                "headers": [_text_of(c, redact)[:100] for c in _cells(first)] if header_row else [],
                 "rows": len(rows) - 1 if header_row else len(rows),
-                "cells": [[_text_of(c)[:MAX_CELL_CHARS] for c in _cells(tr)] for tr in rows[:SAMPLE_ROWS]],
+                "cells": [
+                    [_text_of(c, redact)[:MAX_CELL_CHARS] for c in _cells(tr)] for tr in rows[:SAMPLE_ROWS]
+                ],
             }
         )
         if len(tables) >= MAX_LISTED:
@@ -199,7 +221,7 @@ def _check_html(rel: str, data: bytes) -> Check:
     body = document.find("body")
     text_length = len(_text_of(body)) if body is not None else 0
     facts = {
-        "title": _text_of(title)[:200] if title is not None else "",
+        "title": _text_of(title, redact)[:200] if title is not None else "",
         "headings": headings,
         "tables": tables,
         "text_length": text_length,
@@ -213,8 +235,8 @@ def _check_html(rel: str, data: bytes) -> Check:
     return Check(rel, "html", True, summary, facts)
 
 
-def _check_json(rel: str, data: bytes) -> Check:
-    value = json.loads(_decode(data))
+def _check_json(rel: str, data: bytes, redact: Redact) -> Check:
+    value = json.loads(redact(_decode(data)))
     shape = type(value).__name__
     facts: dict = {"type": shape}
     if isinstance(value, dict):
@@ -226,8 +248,8 @@ def _check_json(rel: str, data: bytes) -> Check:
     return Check(rel, "json", True, f"a JSON {shape}", facts)
 
 
-def _check_text(rel: str, data: bytes, check: str) -> Check:
-    text = _decode(data)
+def _check_text(rel: str, data: bytes, check: str, redact: Redact) -> Check:
+    text = redact(_decode(data))
     lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
     facts: dict = {"lines": lines, "characters": len(text)}
     if check == "markdown":
@@ -262,8 +284,17 @@ def _check_pdf(rel: str, path: Path) -> Check:
     return Check(rel, "pdf", True, f"PDF, {pages} page(s)", facts)
 
 
-def check_file(path: Path, rel: str) -> Check:
-    """The machine check for one file, chosen by its name; never raises for bad content."""
+def check_file(path: Path, rel: str, redactor=None) -> Check:
+    """The machine check for one file, chosen by its name; never raises for bad content.
+    `redactor` (tools_app.secrets.Redactor): the tenant's secrets, masked in all it reports."""
+    check = _check_file(path, rel, _redact_of(redactor))
+    if redactor:
+        check.detail = redactor.redact(check.detail)
+        check.facts = redactor.redact_data(check.facts)
+    return check
+
+
+def _check_file(path: Path, rel: str, redact: Redact) -> Check:
     kind = kind_of(rel)
     try:
         size = path.stat().st_size
@@ -282,12 +313,12 @@ def check_file(path: Path, rel: str) -> Check:
             )
         data = _read_bytes(path, MAX_CHECK_BYTES)
         if kind == "csv":
-            return _check_csv(rel, data)
+            return _check_csv(rel, data, redact)
         if kind == "html":
-            return _check_html(rel, data)
+            return _check_html(rel, data, redact)
         if kind == "json":
-            return _check_json(rel, data)
-        return _check_text(rel, data, kind)
+            return _check_json(rel, data, redact)
+        return _check_text(rel, data, kind, redact)
     except UnicodeDecodeError as exc:
         return Check(rel, kind, False, f"not UTF-8 text (first bad byte at offset {exc.start})")
     except (csv.Error, ValueError) as exc:
@@ -312,15 +343,25 @@ def _looks_like_text(path: Path) -> bool:
     return True
 
 
+def is_text_file(path: Path, rel: str) -> bool:
+    """Whether the files API serves `path` as text (secrets masked) rather than as opaque bytes:
+    the text kinds by name, and an unknown kind whose first bytes are UTF-8 without NUL."""
+    kind = kind_of(rel)
+    if kind in ("csv", "html", "json", "markdown", "text"):
+        return True
+    return kind == "binary" and _looks_like_text(path)
+
+
 def _line_count(text: str) -> int:
     return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
 
 
-def preview(path: Path, rel: str, raw_url: str) -> dict:
+def preview(path: Path, rel: str, raw_url: str, redactor=None) -> dict:
     """What the Session page shows of a file (see the module docstring); never raises for content.
 
     Counts (`row_count`, `line_count`) cover what was read; `…_exact` says whether that was the
-    whole file, `truncated` that it was not.
+    whole file, `truncated` that it was not. With the tenant's `redactor`, text is shown with
+    its secrets masked (the URLs serve bytes redacted the same way: `api/files.py`).
     """
     size = path.stat().st_size
     kind = "image" if rel.lower().endswith(".svg") else kind_of(rel)
@@ -349,6 +390,8 @@ def preview(path: Path, rel: str, raw_url: str) -> dict:
             "url": raw_url,
             "message": "Not UTF-8 text; download it to open it.",
         }
+    redact = _redact_of(redactor)
+    text = redact(text)
     as_text = {
         **base,
         "kind": "text",
@@ -369,8 +412,8 @@ def preview(path: Path, rel: str, raw_url: str) -> dict:
         return {
             **base,
             "kind": "csv",
-            "header": [_cell(h) for h in header],
-            "rows": [[_cell(c) for c in row] for row in body[:PREVIEW_ROWS]],
+            "header": [_cell(h, redact) for h in header],
+            "rows": [[_cell(c, redact) for c in row] for row in body[:PREVIEW_ROWS]],
             "row_count": len(body),
             "row_count_exact": not truncated,
             "column_count": len(header),

@@ -15,14 +15,54 @@ from tenancy_app.admin import TenantScopedAdmin
 
 from .mcp.sync import check_server_change, save_server
 from .models import MCPServer, SandboxPolicy, Secret, Tool, ToolSet
-from .secrets import set_secret
+from .secrets import SECRET_REF, set_secret
+
+SHELL_ENV_HELP = (
+    "Environment variables that shell_exec gets in every Session that has this tool set (attached "
+    "by default, by a person, or selected by the model), as a JSON object of NAME: value, e.g. "
+    '{"API_TOKEN": "{{secret:API_TOKEN}}", "API_URL": "https://api.example.com"}. '
+    "{{secret:NAME}} is replaced by the tenant secret NAME (see Secrets) when the command runs: this "
+    "is the only place a secret reaches a shell command; the model can never reference one. The "
+    "model sees the variable names, not the values, and cannot override them. Output, files, "
+    "deliveries and previews that show a value are redacted, but a program given a secret can "
+    "always leak a transformed copy: bind a secret only to a tool set whose Sessions need it."
+)
+
+
+class ToolSetForm(forms.ModelForm):
+    class Meta:
+        model = ToolSet
+        fields = ["tenant", "name", "description", "is_default", "shell_env"]
+        help_texts = {"shell_env": SHELL_ENV_HELP}
 
 
 @admin.register(ToolSet)
 class ToolSetAdmin(TenantScopedAdmin):
-    list_display = ["name", "tenant", "is_default", "description"]
+    form = ToolSetForm
+    list_display = ["name", "tenant", "is_default", "shell_variables", "description"]
     list_filter = ["is_default"]
     search_fields = ["name", "description"]
+    fields = ToolSetForm.Meta.fields
+
+    @admin.display(description="shell environment")
+    def shell_variables(self, obj):
+        return ", ".join(sorted(obj.shell_env or {})) or "—"
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if obj.tenant_id is None:
+            return  # a global tool set's references resolve in each tenant's own secrets
+        wanted = {ref for value in (obj.shell_env or {}).values() for ref in SECRET_REF.findall(str(value))}
+        have = set(
+            Secret.objects.filter(tenant_id=obj.tenant_id, name__in=wanted).values_list("name", flat=True)
+        )
+        if wanted - have:
+            messages.warning(
+                request,
+                f"{obj.name}: the shell environment references secrets this tenant has not set "
+                f"({', '.join(sorted(wanted - have))}); shell_exec refuses to run in its Sessions until "
+                "they are set.",
+            )
 
 
 @admin.register(Tool)

@@ -75,9 +75,12 @@ class ToolContext:
     workspace: Path
     port: SessionPort
     call_id: str = ""
-    # Tenant secrets by name, for injection at execution (never shown to the model).
-    secrets: dict[str, str] = field(default_factory=dict)
+    # shell_exec's environment as admins bound it (tool sets' shell environments, secrets
+    # resolved): the one way a secret reaches a process. Never from the model's arguments.
     env: dict[str, str] = field(default_factory=dict)
+    # Why that environment could not be built (a secret a tool set names is not set): shell_exec
+    # refuses to run rather than run without it.
+    env_problem: str = ""
     sandbox_limits: Any = None
 
 
@@ -89,6 +92,8 @@ class ToolResult:
     summary: str = ""
     is_error: bool = False
     data: dict[str, Any] = field(default_factory=dict)
+    # The code the model sees with an error result (CONTRACT: e.g. `quota_exceeded`).
+    error_code: str = "tool_error"
 
 
 class Tool:
@@ -98,9 +103,6 @@ class Tool:
     risk: Risk = Risk.READ
     read_only: bool = False
     idempotent: bool = False
-    # Top-level arguments whose strings may carry `{{secret:NAME}}` (resolved at execution);
-    # a reference anywhere else is refused by ToolService's inject_secrets stage.
-    secret_fields: tuple[str, ...] = ()
 
     def precheck(self, ctx: ToolContext, args: dict) -> None:
         """Refuse (raise ToolError) what is known not to run before approval is asked, so nobody

@@ -1,7 +1,8 @@
 """ToolService: the governance chain for one tool call (ARCHITECTURE §1, §2).
 
 Owns how a call the model proposed becomes a result the model reads, through ordered stages:
-resolve -> parse_arguments -> validate -> approval -> workspace_lease -> runtime -> normalize.
+resolve -> enabled/readiness -> parse_arguments -> validate -> inject_secrets (a secret reference
+the model wrote is refused) -> precheck -> approval -> workspace_lease -> runtime -> normalize.
 A stage that refuses names itself in the outcome (`stage`) and in the text the model sees.
 Nothing a tool does escapes as an exception except `ApprovalRequired`, which the runtime turns
 into a suspended turn. It does not own the loop, the commit of results, or the approval records.
@@ -80,9 +81,8 @@ class ToolOutcome:
 class _Prepared:
     call_id: str
     tool: Tool
-    args: dict  # as the model sent them (secret references unresolved): what evidence shows
+    args: dict  # as the model sent them: what the tool runs with and what evidence shows
     started: float
-    run_args: dict | None = None  # with secrets injected: only the tool ever sees these
 
 
 class _Refused(Exception):
@@ -258,12 +258,12 @@ class ToolService:
             self._check_enabled(tool)
             args = self._parse_arguments(raw_arguments)
             self._validate(tool, args)
+            self._refuse_secrets(args)
             self._precheck(tool, args, ctx)
             self._approval(tool, args, ctx, call_id, approved)
-            run_args = self._inject_secrets(tool, args, ctx)
         except _Refused as refusal:
             return self._error(call_id, name, args, refusal.stage, refusal.code, refusal.message, started)
-        return _Prepared(call_id=call_id, tool=tool, args=args, started=started, run_args=run_args)
+        return _Prepared(call_id=call_id, tool=tool, args=args, started=started)
 
     @staticmethod
     def _precheck(tool: Tool, args: dict, ctx: ToolContext) -> None:
@@ -283,17 +283,15 @@ class ToolService:
             raise _Refused("readiness", "tool_not_ready", f"tool {tool.name!r} is not ready: {reason}")
 
     @staticmethod
-    def _inject_secrets(tool: Tool, args: dict, ctx: ToolContext) -> dict:
-        """Resolve `{{secret:NAME}}` at execution only, and only in the tool's secret-capable fields."""
-        from .secrets import MissingSecret, SecretNotAllowed, inject_secret_fields
+    def _refuse_secrets(args: dict) -> None:
+        """inject_secrets: a `{{secret:NAME}}` the model wrote is refused, never resolved. Secrets
+        reach a tool only through configuration an admin wrote (ARCHITECTURE §7): a tool set's
+        shell environment (`ctx.env`), an MCP server's headers and env. Before approval, so
+        nobody is asked to approve a call that cannot run."""
+        from .secrets import SecretNotAllowed, refuse_secret_references
 
-        secrets = getattr(ctx, "secrets", None) or {}
         try:
-            return inject_secret_fields(args, secrets, tuple(getattr(tool, "secret_fields", ()) or ()))
-        except MissingSecret as exc:
-            raise _Refused(
-                "inject_secrets", "missing_secret", f"no secret named {exc.args[0]!r} in this tenant"
-            ) from None
+            refuse_secret_references(args)
         except SecretNotAllowed as exc:
             raise _Refused("inject_secrets", "secret_not_allowed", str(exc)) from None
 
@@ -409,7 +407,7 @@ class ToolService:
                 prepared.started,
             )
         try:
-            result = tool.run(call_ctx, prepared.run_args if prepared.run_args is not None else args)
+            result = tool.run(call_ctx, args)
         except ToolError as exc:
             return self._error(call_id, tool.name, args, exc.stage, exc.code, str(exc), prepared.started)
         except SoftTimeLimitExceeded:
@@ -445,9 +443,8 @@ class ToolService:
                 prepared.started,
             )
         if result.is_error:
-            return self._error(
-                call_id, tool.name, args, "runtime", "tool_error", result.content, prepared.started
-            )
+            code = result.error_code or "tool_error"
+            return self._error(call_id, tool.name, args, "runtime", code, result.content, prepared.started)
         content = result.content if isinstance(result.content, str) else str(result.content)
         return ToolOutcome(
             call_id=call_id,

@@ -6,6 +6,11 @@ Every path goes through the one validator the file tools use (`tools_app.workspa
 for the model. Raw bytes are served with `Content-Security-Policy: sandbox`: an HTML file the
 agent (or anyone) wrote runs in an opaque origin, with no access to the app's cookies or API,
 whether it is opened in the preview iframe or in its own tab.
+
+A program an admin gave a secret may have written it into a file (ARCHITECTURE §7): when the
+tenant has secrets, text files are served, previewed and listed with every secret form masked
+(streamed, so a large file costs no memory); images, PDFs and other binary files are served as
+they are. Delivery records are stored redacted and redacted again when read (a secret set later).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import os
 
 from django.conf import settings
-from django.http import FileResponse
+from django.http import FileResponse, StreamingHttpResponse
 from django.utils.http import content_disposition_header
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
@@ -25,6 +30,7 @@ from rest_framework.response import Response
 
 from config.schema import error
 from tools_app.base import ToolError
+from tools_app.secrets import redact_byte_chunks, tenant_redactor
 from tools_app.workspace import (
     CONTROL_CHARACTERS,
     WorkspaceLimitExceeded,
@@ -44,6 +50,7 @@ from .serializers import DeliverySerializer, WorkspaceEntrySerializer
 MAX_TREE_ENTRIES = 5000
 # Multipart framing around the file (boundaries, part headers, the `path` field).
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
+REDACTED_READ_BYTES = 64 * 1024
 
 # Served in an opaque origin: no cookies, no storage, no requests anywhere (`default-src
 # 'none'`), no forms. By default no script runs either: a sandboxed page with scripts can still
@@ -143,10 +150,13 @@ class SessionFilesMixin:
     @extend_schema(operation_id="sessions_files_list", responses=WorkspaceEntrySerializer(many=True))
     def files_list(self, request, pk=None):
         """The workspace tree: every file and directory, sorted by path (at most 5000 entries)."""
-        _, workspace = self._workspace()
+        session, workspace = self._workspace()
         if not workspace.is_dir():
             return Response([])
         entries = list_tree(workspace, max_entries=MAX_TREE_ENTRIES + 1)
+        redactor = tenant_redactor(session.tenant_id)
+        if redactor:  # a name is a program's to choose too
+            entries = [{**entry, "path": redactor.redact(entry["path"])} for entry in entries]
         response = Response(entries[:MAX_TREE_ENTRIES])
         if len(entries) > MAX_TREE_ENTRIES:
             response["X-Files-Truncated"] = "true"
@@ -244,8 +254,9 @@ class SessionFilesMixin:
     )
     def file_content(self, request, pk=None, path=""):
         """The file's bytes with its content type. Served inline (or as an attachment with
-        `?download=1`) under `Content-Security-Policy: sandbox`; scripts run only with `?scripts=1`."""
-        _, workspace = self._workspace()
+        `?download=1`) under `Content-Security-Policy: sandbox`; scripts run only with `?scripts=1`.
+        When the tenant has secrets, a text file's secrets are masked (`[REDACTED]`)."""
+        session, workspace = self._workspace()
         resolved = self._resolve(workspace, path)
         if resolved.is_dir():
             raise WorkspacePathError(ToolError(f"{path!r} is a directory", code="is_a_directory"))
@@ -254,7 +265,12 @@ class SessionFilesMixin:
         except OSError as exc:
             raise exceptions.NotFound(f"{path!r} could not be opened: {exc.strerror or exc}") from None
         as_attachment = request.query_params.get("download") in ("1", "true", "yes")
-        response = FileResponse(handle, content_type=artifacts.content_type_of(resolved.name))
+        content_type = artifacts.content_type_of(resolved.name)
+        redactor = tenant_redactor(session.tenant_id)
+        if redactor and artifacts.is_text_file(resolved, resolved.name):
+            response = StreamingHttpResponse(_redacted(handle, redactor), content_type=content_type)
+        else:
+            response = FileResponse(handle, content_type=content_type)
         # A name the model or a shell chose may hold control characters; headers may not.
         response["Content-Disposition"] = content_disposition_header(
             as_attachment, CONTROL_CHARACTERS.sub("_", resolved.name)
@@ -327,8 +343,10 @@ class SessionFilesMixin:
         if resolved.is_dir():
             raise WorkspacePathError(ToolError(f"{path!r} is a directory", code="is_a_directory"))
         rel = relative_posix(workspace, resolved)
+        redactor = tenant_redactor(session.tenant_id)
         try:
-            return Response(artifacts.preview(resolved, rel, self._raw_url(session, rel)))
+            shown = artifacts.preview(resolved, rel, self._raw_url(session, rel), redactor)
+            return Response(redactor.redact_data(shown) if redactor else shown)
         except OSError as exc:
             raise exceptions.NotFound(f"{path!r} could not be read: {exc.strerror or exc}") from None
 
@@ -338,7 +356,8 @@ class SessionFilesMixin:
         session = self.get_object()
         rows = Delivery.objects.filter(session=session).select_related("turn")
         page = self.paginate_queryset(rows)
-        return self.get_paginated_response(DeliverySerializer(page, many=True).data)
+        redactor = tenant_redactor(session.tenant_id)
+        return self.get_paginated_response(redactor.redact_data(DeliverySerializer(page, many=True).data))
 
     @extend_schema(
         operation_id="sessions_deliveries_retrieve",
@@ -350,7 +369,15 @@ class SessionFilesMixin:
         delivery = Delivery.objects.filter(session=session, pk=delivery_id).select_related("turn").first()
         if delivery is None:
             raise exceptions.NotFound("No delivery matches the given query.")
-        return Response(DeliverySerializer(delivery).data)
+        return Response(tenant_redactor(session.tenant_id).redact_data(DeliverySerializer(delivery).data))
+
+
+def _redacted(handle, redactor):
+    """The file's bytes, secrets masked; closes the file when done or when the client goes."""
+    try:
+        yield from redact_byte_chunks(iter(lambda: handle.read(REDACTED_READ_BYTES), b""), redactor)
+    finally:
+        handle.close()
 
 
 FILE_PARSERS = [MultiPartParser]

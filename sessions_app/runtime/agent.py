@@ -31,7 +31,7 @@ from skills_app import catalog as skills_catalog
 from tools_app.base import ToolContext, ToolError
 from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool_names
 from tools_app.registry import DELEGATE_TOOL
-from tools_app.secrets import Redactor, StreamRedactor, tenant_secret_values
+from tools_app.secrets import Redactor, StreamRedactor, bound_shell_environment, tenant_secret_values
 from tools_app.service import ApprovalRequired, ToolService
 
 from ..choices import CallPurpose, InputKind, SessionKind, TurnReason
@@ -88,7 +88,8 @@ class RuntimeSessionPort:
         return self.plan_update([{"id": task_id, "status": "done"}])
 
     def file_changed(self, path: str, op: str) -> None:
-        engine.file_changed(self.context.writer, path, op)
+        # A name is a program's to choose: one a secret went into is announced masked.
+        engine.file_changed(self.context.writer, self.context.redactor.redact(path), op)
 
     def capabilities(self) -> dict:
         return engine.session_capabilities(self.context.session_id)
@@ -355,16 +356,22 @@ class SliceContext:
         )
         self.tools_tokens = estimate_tools_tokens(self.tool_schemas)
         self.known_tools = tenant_tool_names(tenant_id)
-        self.secrets = tenant_secret_values(tenant_id)
-        self.redactor = Redactor(self.secrets.values())
+        secrets = tenant_secret_values(tenant_id)
+        # Every value of the tenant, bound in this Session or not: a model may echo any it saw.
+        self.redactor = Redactor(secrets.values())
         self.policy_rules = approval_policy.tenant_rules(tenant_id)
+        shell = "shell_exec" in self.tools
+        # Only what admins wrote (the tool sets' shell environments) carries a secret into a
+        # process, never the model's arguments (ARCHITECTURE §7).
+        bound = bound_shell_environment(tenant_id, capabilities["toolsets"], secrets) if shell else None
         self.tool_context = ToolContext(
             session_id=str(self.session_id),
             tenant_id=tenant_id,
             workspace=engine.workspace_path(session),
             port=RuntimeSessionPort(self),
-            secrets=self.secrets,
-            sandbox_limits=sandbox_limits_for(tenant_id) if "shell_exec" in self.tools else None,
+            env=bound.env if bound else {},
+            env_problem=bound.problem if bound else "",
+            sandbox_limits=sandbox_limits_for(tenant_id) if shell else None,
         )
 
     def plan_changed(self, plan: dict) -> None:

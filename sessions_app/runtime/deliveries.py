@@ -7,6 +7,10 @@ model says about it. SessionEngine (`engine.finish_turn`) stores the result as a
 - checks: `sessions_app.artifacts.check_file` on each of them (real parsers);
 - unresolved failures: each failed tool call of the turn that no later successful call of the
   same tool on the same target made good.
+
+Everything in the record is redacted with the tenant's secrets before it is stored: a program an
+admin gave a secret may have written it into a delivered file (ARCHITECTURE §7), and the record
+reaches members, the API, admin pages, goal runs and parent Sessions.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools_app.secrets import tenant_redactor
 from tools_app.workspace import list_tree
 
 from .. import artifacts
@@ -143,6 +148,7 @@ def final_answer(turn_id: int) -> str:
 
 def gather(turn: Turn, workspace: Path) -> DeliveryFacts:
     """Everything a delivery record holds; reads the workspace, so call it outside the Session lock."""
+    redactor = tenant_redactor(turn.tenant_id)
     files, checks = [], []
     for rel in _changed_paths(turn, workspace)[:MAX_DELIVERED_FILES]:
         path = workspace / rel
@@ -152,11 +158,12 @@ def gather(turn: Turn, workspace: Path) -> DeliveryFacts:
             digest = _sha256(path) if size <= MAX_HASH_BYTES else ""
         except OSError:
             continue  # gone again before the end of the turn
-        files.append({"path": rel, "size": size, "sha256": digest})
-        checks.append(artifacts.check_file(path, rel).as_dict())
+        # A file name is the program's to choose too.
+        files.append({"path": redactor.redact(rel), "size": size, "sha256": digest})
+        checks.append(redactor.redact_data(artifacts.check_file(path, rel, redactor).as_dict()))
     return DeliveryFacts(
-        final_answer=final_answer(turn.pk),
+        final_answer=redactor.redact(final_answer(turn.pk)),
         files=files,
         checks=checks,
-        unresolved_failures=unresolved_failures(turn.pk),
+        unresolved_failures=redactor.redact_data(unresolved_failures(turn.pk)),
     )

@@ -45,23 +45,16 @@ def test_redactor_masks_plain_base64_url_encoded_and_split_values():
 
 
 def test_secrets_are_injected_at_execution_and_redacted_everywhere(session, tenant_a, model_server):
-    # Only a secret-capable field takes a reference (shell_exec's env); file contents never do.
+    # Only what an admin wrote binds a secret (a tool set's shell environment); the model uses the
+    # variable by name.
     set_secret(tenant_a, "API_TOKEN", SECRET)
-    engine.add_selected_capabilities(session.pk, None, tools=["shell_exec"], added_by="test")
+    ToolSet.objects.create(tenant=tenant_a, name="configure", shell_env={"TOKEN": "{{secret:API_TOKEN}}"})
+    engine.add_selected_capabilities(
+        session.pk, None, tools=["shell_exec"], toolsets=["configure"], added_by="test"
+    )
     model_server.script(
         "agent",
-        tool_reply(
-            [
-                tool_call(
-                    "shell_exec",
-                    {
-                        "command": 'printf "token=%s" "$TOKEN" > conf.txt',
-                        "env": {"TOKEN": "{{secret:API_TOKEN}}"},
-                    },
-                    id="w",
-                )
-            ]
-        ),
+        tool_reply([tool_call("shell_exec", {"command": 'printf "token=%s" "$TOKEN" > conf.txt'}, id="w")]),
         tool_reply([tool_call("fs_read", {"path": "conf.txt"}, id="r")]),
         text_reply("configured"),
     )
@@ -92,7 +85,8 @@ def test_an_unknown_secret_reference_is_a_clear_tool_error(session, model_server
     send(session, "write")
     drive_until_idle(session)
     result = Message.objects.get(session=session, tool_call_id="w")
-    assert result.is_error and "inject_secrets" in result.content and "NOPE" in result.content
+    assert result.is_error and "inject_secrets (secret_not_allowed)" in result.content
+    assert "NOPE" in result.content
     assert not (engine.workspace_path(session) / "x.txt").exists()
 
 
@@ -168,6 +162,7 @@ def test_another_tenants_tools_and_secrets_are_out_of_reach(session, tenant_b, m
     results = {m.tool_call_id: m for m in Message.objects.filter(session=session, role="tool")}
     assert "bravo-only" not in results["find"].content
     assert results["select"].is_error and "Unknown or disabled: bravo-only" in results["select"].content
-    assert results["steal"].is_error and "missing_secret" in results["steal"].content
+    # Refused as any reference the model writes is, whoever's secret it names.
+    assert results["steal"].is_error and "secret_not_allowed" in results["steal"].content
     assert not SessionCapability.objects.filter(session=session).exists()
     assert "capabilities.added" not in event_types(session)

@@ -140,7 +140,7 @@ def test_a_secret_in_an_mcp_header_and_shell_env_never_surfaces(
     from sessions_app.models import Message, ModelCall
     from sessions_app.runtime import engine
     from tools_app.mcp.sync import add_server, refresh_server
-    from tools_app.models import MCPServer
+    from tools_app.models import MCPServer, ToolSet
     from tools_app.secrets import set_secret
 
     secret = "sk-live-7c1f0e9d2b4a6e8f"
@@ -167,12 +167,11 @@ def test_a_secret_in_an_mcp_header_and_shell_env_never_surfaces(
                     tool_call(
                         "shell_exec",
                         {
-                            # A secret reference is resolved only in env (secret-capable), not in
-                            # the command: compare by digest.
+                            # TOKEN is bound by the admin's tool set (the model never references
+                            # a secret): compare by digest.
                             "command": 'echo "$TOKEN"; printf %s "$TOKEN" | base64; '
                             f'test "$(printf %s "$TOKEN" | sha256sum | cut -c1-64)" = '
                             f'"{hashlib.sha256(secret.encode()).hexdigest()}" && echo MATCH',
-                            "env": {"TOKEN": "{{secret:API_TOKEN}}"},
                         },
                         id="sh",
                     ),
@@ -184,8 +183,15 @@ def test_a_secret_in_an_mcp_header_and_shell_env_never_surfaces(
         key = api_owner_a.api_key
         with _api(stack, key) as api:
             session_id = api.post("/sessions/", json={"title": "secrets"}).json()["id"]
+            ToolSet.objects.create(
+                tenant=tenant_a, name="tokens", shell_env={"TOKEN": "{{secret:API_TOKEN}}"}
+            )
             engine.add_selected_capabilities(
-                session_id, None, tools=["example__show_auth", "shell_exec"], added_by="test"
+                session_id,
+                None,
+                tools=["example__show_auth", "shell_exec"],
+                toolsets=["tokens"],
+                added_by="test",
             )
             with connect(f"ws://{stack}/ws/sessions/{session_id}/?token={key}") as ws:
                 api.post(f"/sessions/{session_id}/inputs/", json={"text": "check the token"})
