@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from cryptography.fernet import Fernet
 
+from config import sandbox_reach
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 # Everything config/settings.py reads, so the developer's or CI's environment cannot leak in.
@@ -57,11 +59,22 @@ def controlled_env(**values: str) -> dict:
     env = {
         name: value
         for name, value in os.environ.items()
-        if name not in _READ_BY_SETTINGS and not name.startswith("XAGENT_")
+        # The run's sandbox data directory (tests/sandbox_data.py) stays: a root run from a private
+        # checkout would otherwise make one in /var/lib/xagent.
+        if name not in _READ_BY_SETTINGS
+        and (not name.startswith("XAGENT_") or name == "XAGENT_SANDBOX_DATA_DIR")
     }
     env["DJANGO_SETTINGS_MODULE"] = "config.settings"
     env.update(values)
     return env
+
+
+def default_sandbox_roots_dir() -> Path:
+    """`var/` of the checkout, or the sandbox data directory when a root process's sandbox could
+    not reach it (config/sandbox_reach.py)."""
+    if sandbox_reach.out_of_reach(PROJECT_ROOT / "var" / "workspaces"):
+        return Path(os.environ.get("XAGENT_SANDBOX_DATA_DIR") or sandbox_reach.default_data_dir(PROJECT_ROOT))
+    return PROJECT_ROOT / "var"
 
 
 def run_python(*args: str, **values: str) -> subprocess.CompletedProcess:
@@ -126,7 +139,7 @@ class TestEmbeddedDefault:
         assert s["cache"].endswith("LocMemCache")
         assert s["ssl_redirect"] is False
         assert (s["context_window"], s["max_output_tokens"]) == (128000, 4096)
-        assert s["workspaces"] == str(PROJECT_ROOT / "var" / "workspaces")
+        assert s["workspaces"] == str(default_sandbox_roots_dir() / "workspaces")
 
     def test_it_derives_a_valid_secrets_key_from_the_secret_key(self):
         first = load_settings(SECRET_KEY="a" * 50)["secrets_key"]

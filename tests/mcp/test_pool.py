@@ -35,10 +35,13 @@ def pool_server_fields() -> dict:
     extends the example server) bound read-only, as `--python-module` would record."""
     launch = python_module_launch(SERVER_MODULE)
     example = python_module_launch("tools_app.mcp.example_server")
+    # Both packages' parents: the same directory in a checkout, two when each is a copy (a
+    # private checkout run as root, config/sandbox_reach.py).
+    paths = [*launch.env["PYTHONPATH"].split(os.pathsep), *example.env["PYTHONPATH"].split(os.pathsep)]
     return {
         "command": launch.command,
         "args": launch.args,
-        "env": launch.env,
+        "env": {**launch.env, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))},
         "sandbox_read_paths": sorted(set(launch.read_paths) | set(example.read_paths)),
     }
 

@@ -18,7 +18,9 @@ This module owns three facts:
   where uid 65534 cannot reach (a pyenv build under /root), so the launch uses a system
   interpreter of the same minor version with the worker's site-packages and the module's
   package directory bound read-only and named in PYTHONPATH. Never the project directory
-  itself: it holds `var/` (the database, every tenant's workspace).
+  itself: it holds `var/` (the database, every tenant's workspace). A root worker whose
+  checkout or venv lies in a private directory (out of the sandbox uid's reach) binds read-only
+  copies of them instead (`reachable_copy`, under `XAGENT_SANDBOX_DATA_DIR/python`).
 
 The network comes from `MCPServer.network_enabled` (operator-only) and nothing else; limits
 come from the tenant's default SandboxPolicy, as for `shell_exec` (its CPU, memory, process and
@@ -28,17 +30,26 @@ file-size limits and its fallback; not its `network`, which a tenant admin may e
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import shutil
 import site
+import stat
 import sys
 import sysconfig
+import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
+from config import sandbox_reach
 from tools_app.sandbox.server import SERVER_WORKDIR, ServerSandbox
+
+logger = logging.getLogger(__name__)
 
 # Kernel file systems, and the sandbox's own mount points: never bound over.
 RESERVED_PATHS = ("/proc", "/sys", "/dev", "/tmp", "/etc", SERVER_WORKDIR)
@@ -46,6 +57,7 @@ RESERVED_PATHS = ("/proc", "/sys", "/dev", "/tmp", "/etc", SERVER_WORKDIR)
 # tmpfs, so /tmp/checkout/pkg shows that directory and nothing else of the host's /tmp.
 BELOW_ALLOWED = ("/tmp",)
 ROOT_DIR_MODE = 0o711  # searchable by the sandbox uid, not listable
+COPY_DIR_MODE = 0o755  # a package copy's directories: Python lists what it imports from
 
 
 def protected_paths() -> list[Path]:
@@ -172,7 +184,11 @@ def python_module_launch(module: str, args: list[str] | None = None) -> PythonLa
         real = os.path.realpath(path)
         if os.path.isdir(real) and real not in site_dirs:
             site_dirs.append(real)
-    package_real = os.path.realpath(package_dir)
+    try:
+        site_dirs = [reachable_copy(path, project_code=False) for path in site_dirs]
+        package_real = reachable_copy(os.path.realpath(package_dir), project_code=True)
+    except ImproperlyConfigured as exc:
+        raise ValueError(str(exc)) from None
     return PythonLaunch(
         command=sandbox_python(),
         args=["-m", module, *(args or [])],
@@ -182,3 +198,71 @@ def python_module_launch(module: str, args: list[str] | None = None) -> PythonLa
         },
         read_paths=[package_real, *site_dirs],
     )
+
+
+def reachable_copy(source: str, *, project_code: bool) -> str:
+    """`source` itself when a sandbox of this process can reach it; else (root, with the checkout or
+    the venv in a private directory: config/sandbox_reach.py) a read-only copy of it under
+    `XAGENT_SANDBOX_DATA_DIR/python/<name>-<digest>/<name>`, made once per content.
+
+    A copy is never changed: its name is a digest of the source's path and state, so a server
+    recorded with it keeps running what it was added with, and a changed source gets a new copy
+    (the old ones stay for the servers that name them). Project code is copied file by file and
+    its state is every file's size and mtime; a venv's site-packages (thousands of files, most of
+    them never changed) is hard-linked where it can be (falling back to a copy, which is also made
+    for a file others may not read) and its state is its listing, which pip changes whenever it
+    installs, upgrades or removes a distribution."""
+    if not sandbox_reach.out_of_reach(os.path.join(source, "_")):
+        return source
+    name = os.path.basename(source)
+    state = repr((source, _source_state(source, every_file=project_code)))
+    copies = sandbox_reach.prepare_data_dir(Path(settings.XAGENT_SANDBOX_DATA_DIR)) / "python"
+    final = copies / f"{name}-{hashlib.sha256(state.encode()).hexdigest()[:16]}"
+    if not final.is_dir():
+        work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=copies))
+        try:
+            shutil.copytree(
+                source,
+                work / name,
+                symlinks=True,
+                ignore=shutil.ignore_patterns("__pycache__") if project_code else None,
+                copy_function=partial(_link_or_copy, link=not project_code),
+            )
+            for directory, _, _ in os.walk(work):
+                os.chmod(directory, COPY_DIR_MODE)
+            try:
+                os.rename(work, final)  # whole or not at all; another process may have won
+            except OSError:
+                if not final.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        logger.info("copied %s to %s for sandboxed servers: the sandbox user cannot reach it", source, final)
+    return str(final / name)
+
+
+def _source_state(source: str, *, every_file: bool) -> list:
+    if not every_file:
+        return sorted(
+            (entry.name, entry.stat(follow_symlinks=False).st_mtime_ns) for entry in os.scandir(source)
+        )
+    state = []
+    for directory, subdirectories, files in os.walk(source):
+        subdirectories[:] = sorted(d for d in subdirectories if d != "__pycache__")
+        for file in sorted(files):
+            st = os.lstat(os.path.join(directory, file))
+            state.append((os.path.relpath(os.path.join(directory, file), source), st.st_size, st.st_mtime_ns))
+    return state
+
+
+def _link_or_copy(src: str, dst: str, *, link: bool) -> str:
+    mode = os.stat(src).st_mode
+    if link and mode & stat.S_IROTH:
+        try:
+            os.link(src, dst)
+            return dst
+        except OSError:
+            pass  # another file system, or links refused: copy
+    shutil.copyfile(src, dst)
+    os.chmod(dst, 0o755 if mode & stat.S_IXUSR else 0o644)
+    return dst

@@ -8,6 +8,7 @@ as `celery -A config worker` and `celery -A config beat`.
 import logging
 import os
 import sys
+from pathlib import Path
 
 from channels.routing import get_default_application
 from daphne.endpoints import build_endpoint_description_strings
@@ -15,10 +16,36 @@ from daphne.server import Server
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from config import sandbox_reach
 from config.embedded import start_embedded_worker, stop_embedded_worker
 from sessions_app.runtime import brain, presence
 
 logger = logging.getLogger(__name__)
+
+
+def sandbox_data_notes() -> list[str]:
+    """What the banner says when a root process keeps the sandbox's data outside this checkout
+    (config/sandbox_reach.py): where, why, and where earlier runs' workspaces stay."""
+    if not settings.XAGENT_SANDBOX_DEFAULTS_MOVED:
+        return []
+    data_dir = Path(settings.XAGENT_SANDBOX_DATA_DIR)
+    moved = [
+        f"{what} in {path}"
+        for what, path in (
+            ("Session workspaces", Path(settings.XAGENT_WORKSPACES_DIR)),
+            ("stdio MCP servers' directories", Path(settings.XAGENT_MCP_SERVERS_DIR)),
+        )
+        if path.parent == data_dir
+    ]
+    old_root = Path(settings.VAR_DIR) / "workspaces"
+    blocked = sandbox_reach.unsearchable_parent(old_root)
+    notes = [
+        f"Sandbox data: {'; '.join(moved)} (the sandbox user cannot search {blocked}, above this "
+        "checkout; README, Troubleshooting)"
+    ]
+    if old_root.is_dir() and any(old_root.iterdir()):
+        notes.append(f"Workspaces of earlier runs stay in {old_root} (move them to use them)")
+    return notes
 
 
 class Command(BaseCommand):
@@ -43,6 +70,8 @@ class Command(BaseCommand):
 
         def announce():
             self.stdout.write(f"xAgent workspace running at {url} ({mode})")
+            for line in sandbox_data_notes():
+                self.stdout.write(line)
             sys.stdout.flush()
 
         Server(
