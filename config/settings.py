@@ -20,6 +20,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from config import sandbox_reach
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
@@ -410,16 +412,76 @@ XAGENT_MCP_HEALTH_AFTER_SECONDS = _positive_int("XAGENT_MCP_HEALTH_AFTER_SECONDS
 XAGENT_MCP_RECONNECT_MAX_SECONDS = _positive_int("XAGENT_MCP_RECONNECT_MAX_SECONDS", 30)
 # Notifications that a server's tools changed, within this many seconds, make one refresh.
 XAGENT_MCP_LIST_CHANGED_DEBOUNCE_SECONDS = _read("XAGENT_MCP_LIST_CHANGED_DEBOUNCE_SECONDS", env.float, 1.0)
-XAGENT_WORKSPACES_DIR = Path(_read("XAGENT_WORKSPACES_DIR", env.str, str(VAR_DIR / "workspaces")))
+# Where a root process keeps what its sandbox must reach when this checkout is private (a
+# `mktemp -d` folder, /root/…): config/sandbox_reach.py. The default roots below move there only
+# when they are defaults, this process is root, and the sandbox uids cannot search a directory
+# above <checkout>/var; a root set in the environment stays as given (and is refused if out of reach).
+XAGENT_SANDBOX_DATA_DIR = Path(
+    _read("XAGENT_SANDBOX_DATA_DIR", env.str, "") or sandbox_reach.default_data_dir(BASE_DIR)
+)
+_SANDBOX_ROOTS_GIVEN = {"XAGENT_WORKSPACES_DIR", "XAGENT_MCP_SERVERS_DIR"} <= set(env.ENVIRON)
+XAGENT_SANDBOX_DEFAULTS_MOVED = not _SANDBOX_ROOTS_GIVEN and sandbox_reach.out_of_reach(
+    VAR_DIR / "workspaces"
+)
+if XAGENT_SANDBOX_DEFAULTS_MOVED:
+    sandbox_reach.prepare_data_dir(XAGENT_SANDBOX_DATA_DIR)
+_SANDBOX_DEFAULTS_DIR = XAGENT_SANDBOX_DATA_DIR if XAGENT_SANDBOX_DEFAULTS_MOVED else VAR_DIR
+XAGENT_WORKSPACES_DIR = Path(
+    _read("XAGENT_WORKSPACES_DIR", env.str, str(_SANDBOX_DEFAULTS_DIR / "workspaces"))
+)
 # stdio MCP servers run sandboxed, each with its own directory <this>/<tenant id>/<server id>
 # (its working directory and HOME). Like the workspaces root, its parents must be searchable
-# (o+x) by the sandbox uid (XAGENT_SANDBOX_UID).
-XAGENT_MCP_SERVERS_DIR = Path(_read("XAGENT_MCP_SERVERS_DIR", env.str, str(VAR_DIR / "mcp-servers")))
-# The unprivileged uid/gid a root worker drops to before every sandbox (shell_exec, stdio MCP
-# servers). RLIMIT_NPROC counts every process of that uid on the host, so a uid no other daemon
-# uses keeps the sandbox's process limit its own (the test suite gives each parallel runner one).
-XAGENT_SANDBOX_UID = _positive_int("XAGENT_SANDBOX_UID", 65534)
-XAGENT_SANDBOX_GID = _positive_int("XAGENT_SANDBOX_GID", XAGENT_SANDBOX_UID)
+# (o+x) by the sandbox uids (XAGENT_SANDBOX_UIDS).
+XAGENT_MCP_SERVERS_DIR = Path(
+    _read("XAGENT_MCP_SERVERS_DIR", env.str, str(_SANDBOX_DEFAULTS_DIR / "mcp-servers"))
+)
+
+
+# The unprivileged uids a root worker drops to, one per running sandbox (shell_exec, stdio MCP
+# servers; gid = uid), as "FIRST-LAST" (tools_app/sandbox/identity.py). RLIMIT_NPROC counts every
+# process of a uid on the host, so each sandbox's process limit is its own only if no other
+# daemon uses these uids: pick a range no account has. Its size bounds the sandboxes running at
+# once on one host. Which uid is taken is an flock in XAGENT_SANDBOX_LOCK_DIR, shared by every
+# process of the host.
+def _uid_range(name: str, default: str) -> tuple[int, int]:
+    raw = _read(name, env.str, default).strip()
+    first, sep, last = raw.partition("-")
+    try:
+        bounds = (int(first), int(last) if sep else int(first))
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"Invalid value for environment variable {name}: {raw!r} is not FIRST-LAST (e.g. 200000-200999)"
+        ) from None
+    if not 1000 <= bounds[0] <= bounds[1] < 2**31 - 1:
+        raise ImproperlyConfigured(
+            f"Invalid value for environment variable {name}: {raw!r} must be uids from 1000 up, FIRST <= LAST"
+        )
+    return bounds
+
+
+XAGENT_SANDBOX_UIDS = _uid_range("XAGENT_SANDBOX_UIDS", "200000-200999")
+XAGENT_SANDBOX_LOCK_DIR = Path(_read("XAGENT_SANDBOX_LOCK_DIR", env.str, "/run/xagent/sandbox-uids"))
+# The operator's ceilings on every SandboxPolicy (a tenant's policy only narrows them): saving a
+# policy above one is refused, and a policy saved before a ceiling was lowered is clamped when
+# it is applied. The wall-clock ceiling stays below the slice's soft time limit, so a command
+# always ends before its slice is stopped.
+XAGENT_SANDBOX_CEILINGS = {
+    "cpu_seconds": _positive_int("XAGENT_SANDBOX_MAX_CPU_SECONDS", 600),
+    "memory_mb": _positive_int("XAGENT_SANDBOX_MAX_MEMORY_MB", 4096),
+    "wall_seconds": _positive_int("XAGENT_SANDBOX_MAX_WALL_SECONDS", 600),
+    "max_processes": _positive_int("XAGENT_SANDBOX_MAX_PROCESSES", 256),
+    "max_file_size_mb": _positive_int("XAGENT_SANDBOX_MAX_FILE_SIZE_MB", 1024),
+    "max_output_bytes": _positive_int("XAGENT_SANDBOX_MAX_OUTPUT_BYTES", 1_000_000),
+}
+if XAGENT_SANDBOX_CEILINGS["wall_seconds"] >= XAGENT_SLICE_SOFT_TIME_LIMIT:
+    raise ImproperlyConfigured(
+        "Invalid value for environment variable XAGENT_SANDBOX_MAX_WALL_SECONDS: must be smaller than "
+        "XAGENT_SLICE_SOFT_TIME_LIMIT"
+    )
+# Egress of a sandbox whose policy allows network (tools_app/sandbox/egress.py): the ports a
+# command may reach on public addresses (a host:port the operator lists in
+# XAGENT_OUTBOUND_ALLOWED_HOSTS is reachable whatever its port).
+XAGENT_SANDBOX_EGRESS_PORTS = [int(p) for p in _read("XAGENT_SANDBOX_EGRESS_PORTS", env.list, ["80", "443"])]
 # Loop guards of a turn (AgentService): the same failing call this many times in a row, this
 # many rounds of tool calls without progress, or this many steps end the turn `blocked`.
 XAGENT_LOOP_GUARD_REPEATS = _positive_int("XAGENT_LOOP_GUARD_REPEATS", 3)

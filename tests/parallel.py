@@ -9,11 +9,9 @@ process's environment. Without xdist (one runner, or `-p no:xdist`) it changes n
   sharing one would take each other's `drive_session` tasks (a worker started by one runner
   looking for a Session that is in another runner's database) and each other's rate-limit
   counters (row ids repeat across runners' databases). Runner N uses database `base + N`.
-- The sandbox uid: RLIMIT_NPROC counts every process of the uid on the host, and tests count
-  the sandbox uid's processes to prove nothing outlived a run. Runner N drops to uid
-  `XAGENT_SANDBOX_UID - N` (65534 − N by default: the reserved range just below `nobody`,
-  unused on Debian; the gid follows the uid unless set), so one runner's bounded
-  fork flood neither starves nor shows up in another's sandboxes.
+- Sandbox uids need nothing here: every running sandbox takes a uid of its own from
+  XAGENT_SANDBOX_UIDS with a host-wide lock (tools_app/sandbox/identity.py), so runners never
+  share one, and one runner's bounded fork flood neither starves nor shows up in another's.
 """
 
 import os
@@ -45,8 +43,6 @@ def isolate_runner() -> None:
         return
     if os.environ.get("REDIS_URL", "").startswith(("redis://", "rediss://")):
         os.environ["REDIS_URL"] = _redis_url_for(os.environ["REDIS_URL"], index)
-    base_uid = int(os.environ.get("XAGENT_SANDBOX_UID", "65534"))
-    os.environ["XAGENT_SANDBOX_UID"] = str(base_uid - index)
 
 
 isolate_runner()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 
+from django.conf import settings
 from django.db.models import Prefetch, Q
 
 from approvals_app.choices import ToolSource
@@ -125,13 +126,15 @@ def policy_facts_for(tenant_id: int, name: str):
 
 
 def sandbox_limits_for(tenant_id: int):
-    """The tenant's default SandboxPolicy (a tenant row wins over a global one), else the built-in limits."""
+    """The tenant's default SandboxPolicy (a tenant row wins over a global one), else the built-in
+    limits; either way within the operator's ceilings."""
     from .models import SandboxPolicy
-    from .sandbox.policy import DEFAULT_LIMITS, SandboxLimits
+    from .sandbox.policy import DEFAULT_LIMITS, SandboxLimits, within_ceilings
 
     policies = SandboxPolicy.objects.for_tenant(tenant_id).filter(is_default=True)
     policy = sorted(policies, key=lambda p: p.tenant_id is None)[:1]
-    return SandboxLimits(**policy[0].limits_kwargs()) if policy else DEFAULT_LIMITS
+    limits = SandboxLimits(**policy[0].limits_kwargs()) if policy else DEFAULT_LIMITS
+    return within_ceilings(limits, settings.XAGENT_SANDBOX_CEILINGS)
 
 
 def tenant_tool_names(tenant_id: int) -> set[str]:

@@ -380,6 +380,28 @@ class SandboxPolicy(OperatorConfigured, TenantOrGlobalModel):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self):
+        super().clean()
+        from .sandbox.policy import INT_BOUNDS
+
+        errors = {}
+        for name, (low, high) in INT_BOUNDS.items():
+            value = getattr(self, name)
+            ceiling = settings.XAGENT_SANDBOX_CEILINGS.get(name, high)
+            if value is None:
+                continue
+            if value < low:
+                errors[name] = f"At least {low}."
+            elif value > min(high, ceiling):
+                errors[name] = (
+                    f"At most {min(high, ceiling)}: the operator's ceiling for every sandbox policy"
+                    f" (XAGENT_SANDBOX_MAX_{name.upper().removeprefix('MAX_')})."
+                    if ceiling < high
+                    else f"At most {high}."
+                )
+        if errors:
+            raise ValidationError(errors)
+
     @property
     def effective_fallback(self) -> str:
         """`fallback`, if an operator set it; a tenant's row always refuses."""

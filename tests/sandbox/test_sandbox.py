@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from jsonschema import Draft202012Validator
 
 from approvals_app.choices import Risk
@@ -36,7 +37,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 IS_ROOT = os.geteuid() == 0
-SANDBOX_UID = sandbox_process.SANDBOX_UID if IS_ROOT else os.getuid()
+# A root worker runs each sandbox as a uid of its own from this range; otherwise as itself.
+SANDBOX_UIDS = range(settings.XAGENT_SANDBOX_UIDS[0], settings.XAGENT_SANDBOX_UIDS[1] + 1)
+
+
+def is_sandbox_uid(uid: int) -> bool:
+    return uid in SANDBOX_UIDS if IS_ROOT else uid == os.getuid()
+
+
 SECRET = "s3cr3t-host-value-7f1d"
 
 
@@ -166,9 +174,10 @@ def test_runs_common_tools_in_the_workspace_as_unprivileged_user(workspace):
 
     assert result.exit_code == 3
     assert result.sandboxed and result.killed_reason is None and not result.timed_out
+    assert is_sandbox_uid(result.uid)
     assert result.stdout.splitlines() == [
         "/workspace",
-        str(SANDBOX_UID),
+        str(result.uid),
         "/workspace",
         "one",
         "y",
@@ -313,7 +322,8 @@ def test_links_planted_by_the_sandbox_never_redirect_the_pre_run_chown(workspace
     for path in (secret, host_dir, Path("/")):
         st = path.stat()
         assert (st.st_uid, st.st_gid) == (0, 0), path
-    assert os.lstat(workspace / "file-link").st_uid == SANDBOX_UID
+    # Handed back to the worker after the run, the link itself (never what it points to).
+    assert os.lstat(workspace / "file-link").st_uid == os.getuid()
 
 
 def test_proc_shows_neither_host_env_nor_host_processes(workspace, monkeypatch):
@@ -401,7 +411,26 @@ def test_no_name_resolution_and_only_a_loopback_interface(workspace):
     assert_next_call_works(workspace)
 
 
-def test_network_policy_on_shares_the_host_network(workspace):
+def test_a_network_policy_never_reaches_the_hosts_loopback_directly(workspace):
+    """`network` is egress through the guard's proxy (tests/sandbox/test_egress.py), never the
+    host's network namespace: a direct connection to a host listener finds nothing."""
+    server = _listener(socket.AF_INET, "127.0.0.1")
+    try:
+        port = server.getsockname()[1]
+        result = run(
+            f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); "
+            "print('CONNECTED')\"",
+            workspace,
+            network=True,
+        )
+        assert "CONNECTED" not in result.stdout
+        assert "ConnectionRefusedError" in result.stderr, result.stderr
+        _assert_no_connection(server)
+    finally:
+        server.close()
+
+
+def test_only_the_operators_host_network_shares_the_host_network(workspace):
     server = _listener(socket.AF_INET, "127.0.0.1")
     server.settimeout(5)
     try:
@@ -410,7 +439,7 @@ def test_network_policy_on_shares_the_host_network(workspace):
             f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); "
             "print('CONNECTED')\"",
             workspace,
-            network=True,
+            host_network=True,
         )
         assert result.stdout == "CONNECTED\n", result.stderr
         conn, _ = server.accept()
@@ -423,8 +452,6 @@ def test_network_policy_on_shares_the_host_network(workspace):
 
 
 def test_bounded_fork_flood_is_refused_and_fully_cleaned_up(workspace):
-    before = len(processes_of(SANDBOX_UID))
-
     result = run(
         'for i in $(seq 1 300); do sleep 5 & echo "started $i"; done; wait',
         workspace,
@@ -436,7 +463,8 @@ def test_bounded_fork_flood_is_refused_and_fully_cleaned_up(workspace):
     assert 0 < started < 300, started
     assert re.search(r"fork|Resource temporarily unavailable", result.stderr, re.I), result.stderr
     # Every process of the run is gone by the time run_sandboxed returns.
-    assert len(processes_of(SANDBOX_UID)) == before
+    if IS_ROOT:
+        assert processes_of(result.uid) == []
     assert_next_call_works(workspace)
 
 
@@ -569,7 +597,7 @@ def test_workspace_under_a_root_only_directory_is_refused_clearly(tmp_path):
         with pytest.raises(ToolError) as caught:
             run("echo hi > should-not-exist", workspace, fallback=fallback)
         assert caught.value.code == "sandbox_unavailable"
-        assert "not searchable by the sandbox user" in str(caught.value)
+        assert "not searchable by the sandbox users" in str(caught.value)
         assert str(tmp_path) not in str(caught.value)  # no host path in what the model reads
     assert not (workspace / "should-not-exist").exists()
 
@@ -584,7 +612,8 @@ def test_rlimits_only_fallback_runs_unsandboxed_and_logs(workspace, broken_bwrap
         )
 
     assert not result.sandboxed
-    assert result.stdout.splitlines()[0] == str(SANDBOX_UID)  # the uid drop still happened
+    assert result.stdout.splitlines()[0] == str(result.uid)  # the uid drop still happened
+    assert is_sandbox_uid(result.uid)
     assert result.killed_reason == "file_size_limit"  # and the rlimits applied
     assert (workspace / "big").stat().st_size <= 1024 * 1024
     assert ("made.txt", "created") in result.changed_files
@@ -686,9 +715,9 @@ def test_shell_exec_refuses_when_the_sandbox_is_unavailable(ctx, broken_bwrap):
     assert caught.value.code == "sandbox_unavailable"
 
 
-def test_workspace_root_stays_a_directory_owned_for_the_sandbox(workspace):
+def test_workspace_root_stays_a_directory_nobody_else_can_enter(workspace):
     assert_next_call_works(workspace)
     st = workspace.stat()
     assert stat.S_ISDIR(st.st_mode)
-    if IS_ROOT:
-        assert st.st_uid == SANDBOX_UID
+    assert stat.S_IMODE(st.st_mode) == 0o700
+    assert st.st_uid == os.getuid()  # at rest: the worker's, no sandbox uid's

@@ -26,6 +26,7 @@ import pytest
 from django.conf import settings
 from django.db import connection as db_connection
 
+from config import sandbox_reach
 from tests.sandbox.test_sandbox import host_cmdlines_containing
 from tools_app.mcp import client as mcp_client
 from tools_app.mcp.client import MCPError, connection_for
@@ -46,7 +47,14 @@ pytestmark = [
 ]
 
 IS_ROOT = os.geteuid() == 0
-SANDBOX_UID = sandbox_process.SANDBOX_UID if IS_ROOT else os.getuid()
+SANDBOX_UIDS = range(settings.XAGENT_SANDBOX_UIDS[0], settings.XAGENT_SANDBOX_UIDS[1] + 1)
+
+
+def is_sandbox_identity(uid: int, gid: int) -> bool:
+    """A root worker's servers run as a uid of their own (gid = uid); otherwise as the worker."""
+    return (uid in SANDBOX_UIDS and gid == uid) if IS_ROOT else (uid, gid) == (os.getuid(), os.getgid())
+
+
 HOSTILE_MODULE = "tests.support.hostile_mcp_server"
 HOST_SECRET = "host-secret-9c2e"
 
@@ -128,20 +136,19 @@ def listener():
 
 @pytest.fixture
 def other_servers_file(tenant_b) -> Path:
-    """A file in another tenant's server directory, owned by the sandbox uid (as a server's own
-    files are): on the host that uid could read it; only the sandbox hides it."""
+    """A file in another tenant's server directory, readable by anyone on the host: only the
+    sandbox hides it."""
     other = add_hostile(tenant_b, "other")
     secret_file = server_directory(other) / "secret.txt"
     secret_file.write_text(HOST_SECRET)
-    if IS_ROOT:
-        os.chown(secret_file.parent, SANDBOX_UID, SANDBOX_UID)
-        os.chown(secret_file, SANDBOX_UID, SANDBOX_UID)
+    secret_file.parent.chmod(0o755)
+    secret_file.chmod(0o644)
     return secret_file
 
 
 @pytest.fixture
 def workspace_file(settings, mcp_servers_dir) -> Path:
-    """A file in a Session workspace, owned by the sandbox uid as `shell_exec` leaves them."""
+    """A file in a Session workspace, readable by anyone on the host: only the sandbox hides it."""
     root = mcp_servers_dir.parent / f"workspaces-{secrets.token_hex(4)}"
     workspace = root / "1" / "session-1"
     workspace.mkdir(parents=True)
@@ -150,9 +157,8 @@ def workspace_file(settings, mcp_servers_dir) -> Path:
     settings.XAGENT_WORKSPACES_DIR = root
     secret_file = workspace / "notes.txt"
     secret_file.write_text(HOST_SECRET)
-    if IS_ROOT:
-        for path in (workspace, secret_file):
-            os.chown(path, SANDBOX_UID, SANDBOX_UID)
+    workspace.chmod(0o755)
+    secret_file.chmod(0o644)
     return secret_file
 
 
@@ -165,7 +171,7 @@ def test_a_server_runs_as_the_sandbox_uid_in_its_own_persistent_directory(hostil
         [("whoami", {}), ("write_file", {"path": "state.txt", "text": "kept"}), ("list_dir", {"path": "."})],
     )
 
-    assert (me["uid"], me["gid"]) == (SANDBOX_UID, SANDBOX_UID if IS_ROOT else os.getgid())
+    assert is_sandbox_identity(me["uid"], me["gid"])
     assert me["cwd"] == me["home"] == "/server"
     assert wrote["ok"] and listed["entries"] == ["state.txt"]
     own = server_directory(hostile)
@@ -211,7 +217,8 @@ def test_a_server_cannot_read_outside_its_directory(hostile, other_servers_file,
     assert not workspaces["ok"] and not servers["ok"]
     # Of the project, only what leads to the paths the operator listed read-only exists (the
     # test package, and the venv's site-packages when the venv lives in the checkout, as in CI):
-    # no var/, no database, no manage.py.
+    # no var/, no database, no manage.py. A checkout the sandbox cannot reach (root, a private
+    # directory) is bound as copies instead (config/sandbox_reach.py): then none of it exists.
     base = Path(settings.BASE_DIR)
     leading = sorted(
         {
@@ -220,8 +227,11 @@ def test_a_server_cannot_read_outside_its_directory(hostile, other_servers_file,
             if Path(p).is_relative_to(base)
         }
     )
-    assert project == {"ok": True, "entries": leading}
-    assert "tests" in leading and "var" not in leading
+    if sandbox_reach.out_of_reach(base / "tests"):
+        assert not project["ok"] and not leading
+    else:
+        assert project == {"ok": True, "entries": leading}
+        assert "tests" in leading and "var" not in leading
 
 
 def test_a_server_cannot_write_outside_its_directory(hostile, other_servers_file):
@@ -358,12 +368,14 @@ def test_the_rlimits_only_fallback_starts_the_server_unconfined_and_logs(
     tenant_a, hostile, broken_bwrap, caplog
 ):
     # Only an operator may allow running without namespaces.
-    SandboxPolicy(tenant=tenant_a, name="lenient", is_default=True, fallback="rlimits_only").save(by_operator=True)
+    SandboxPolicy(tenant=tenant_a, name="lenient", is_default=True, fallback="rlimits_only").save(
+        by_operator=True
+    )
 
     with caplog.at_level(logging.WARNING, logger="tools_app.sandbox.server"):
         (me,) = in_one_session(hostile, [("whoami", {})])
 
-    assert me["uid"] == SANDBOX_UID  # the uid drop and the limits still apply...
+    assert is_sandbox_identity(me["uid"], me["gid"])  # the uid drop and the limits still apply...
     assert me["cwd"] == me["home"] == str(server_directory(hostile))  # ...but no namespaces
     assert any("rlimits only" in record.getMessage() for record in caplog.records)
 

@@ -44,6 +44,7 @@ from pydantic import ValidationError
 
 from tools_app.base import ToolError
 from tools_app.net import async_guarded_transport, exception_in, origin_of, refusal_in
+from tools_app.sandbox.identity import SandboxIdentity
 from tools_app.sandbox.server import CommandNotFound, ServerSandbox, prepare_server
 from tools_app.secrets import MissingSecret, Redactor, resolve_refs
 
@@ -363,7 +364,10 @@ async def _open_client(
     The one place a connection is made, pooled or not; closing `stack` ends it."""
     if conn.transport == STDIO:
         # The preflight runs a short sandboxed process: not on the event loop.
-        params = await anyio.to_thread.run_sync(_sandboxed_stdio, conn)
+        params, identity = await anyio.to_thread.run_sync(_sandboxed_stdio, conn)
+        # Entered before the transport, so it runs after the transport has stopped the server:
+        # the server's uid goes back to the pool only once nothing of it runs.
+        stack.callback(identity.release, sweep=True)
         transport = stdio_client(params, errlog=errlog)
     else:
         # The SDK leaves an HTTP client it was handed open: the stack closes it.
@@ -471,8 +475,9 @@ def _failure(
     return MCPError(redactor.redact(_describe(conn, doing, _leaf(exc), limit, stderr, http_status)))
 
 
-def _sandboxed_stdio(conn: Connection) -> StdioServerParameters:
-    """The SDK's spawn parameters for a stdio server: the sandbox chain, never the bare command."""
+def _sandboxed_stdio(conn: Connection) -> tuple[StdioServerParameters, SandboxIdentity]:
+    """The SDK's spawn parameters for a stdio server (the sandbox chain, never the bare command)
+    and the uid it will run as, which the caller releases when the connection ends."""
     if conn.sandbox is None:
         raise MCPError(f"{conn.label} was not started: a stdio server runs only inside the process sandbox.")
     try:
@@ -487,9 +492,10 @@ def _sandboxed_stdio(conn: Connection) -> StdioServerParameters:
         raise MCPError(Redactor(conn.secret_values).redact(message)) from None
     # The SDK adds a few variables of this process (HOME, PATH, ...) to `env`; the launcher
     # execs the chain with exactly the environment it was given, so none reach the server.
-    return StdioServerParameters(
+    params = StdioServerParameters(
         command=launch.command, args=list(launch.args), env=launch.env, cwd=launch.cwd
     )
+    return params, launch.identity
 
 
 def _guard_for(conn: Connection):

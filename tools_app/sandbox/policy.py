@@ -17,6 +17,7 @@ with a limit nobody meant. Limits are per run:
 - `wall_seconds`: the whole run, after which every process of it is killed.
 - `max_output_bytes`: kept of stdout and of stderr each; the rest is read and dropped, and a
   run that keeps flooding (OUTPUT_FLOOD_FACTOR times the cap in total) is stopped.
+- Ceilings: the operator's `XAGENT_SANDBOX_CEILINGS` bound every policy (`within_ceilings`).
 - `fallback`: what to do where bubblewrap cannot run: "refuse" (default) or "rlimits_only"
   (run with the uid drop and rlimits but no namespaces; logged, and reported `sandboxed=False`).
   Operator-only, like `host_network`: a tenant's policy always refuses.
@@ -24,7 +25,7 @@ with a limit nobody meant. Limits are per run:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 FILESYSTEM_MODES = ("read_only", "workspace_write")
@@ -77,3 +78,13 @@ class SandboxLimits:
 
 
 DEFAULT_LIMITS = SandboxLimits()
+
+
+def within_ceilings(limits: SandboxLimits, ceilings: dict[str, int]) -> SandboxLimits:
+    """`limits` with every integer limit at most the operator's ceiling for it."""
+    clamped = {
+        name: min(getattr(limits, name), ceiling)
+        for name, ceiling in ceilings.items()
+        if name in INT_BOUNDS and getattr(limits, name) > ceiling
+    }
+    return replace(limits, **clamped) if clamped else limits

@@ -3,17 +3,20 @@
 `run_sandboxed` is the API for one command (ARCHITECTURE §7); long-running servers (stdio MCP
 servers) are started in the same sandbox by `sandbox.server`, which shares `bwrap_options`, the
 uid drop and the limits of this module. The process chain, when the worker runs as root (the
-deployed case; UID:GID is XAGENT_SANDBOX_UID:XAGENT_SANDBOX_GID, 65534:65534 unless set), is
+deployed case; UID is the run's own uid from XAGENT_SANDBOX_UIDS, `sandbox.identity`, gid = uid), is
 
     setpriv --reuid=UID --regid=GID --clear-groups --no-new-privs ... \\
       prlimit --cpu --as --nproc --fsize --core --nofile \\
         bwrap --args FD  /bin/sh -c PROLOGUE sh COMMAND
 
 - The uid drop comes first: root ignores RLIMIT_NPROC, so the process limit only binds once the
-  chain runs as the sandbox uid. A worker that is not root runs the chain as itself (no uid
-  switch, no chown); its RLIMIT_NPROC then also counts the worker's own processes and threads.
-- bwrap gets fresh user, mount, pid, ipc, uts, cgroup and (unless the policy allows network)
-  net namespaces; a new session (no TIOCSTI into a terminal); no capabilities; no nested user
+  chain runs as the sandbox uid. Every running sandbox has a uid of its own (`sandbox.identity`),
+  so one sandbox's processes neither count against nor appear beside another's. A worker that is
+  not root runs the chain as itself (no uid switch, no chown); its RLIMIT_NPROC then also counts
+  the worker's own processes and threads.
+- bwrap gets fresh user, mount, pid, ipc, uts, cgroup and net namespaces (a tenant's "network"
+  is egress through the outbound guard from that namespace, `sandbox.egress`; only an operator's
+  `host_network` shares the host's); a new session (no TIOCSTI into a terminal); no capabilities; no nested user
   namespaces; and it dies with its parent (this worker).
 - The mount namespace holds read-only /usr (and the /bin, /lib... symlinks or binds the host
   has), a minimal read-only /etc (`_etc_args`: ld.so.cache, alternatives, localtime, and a
@@ -31,8 +34,10 @@ deployed case; UID:GID is XAGENT_SANDBOX_UID:XAGENT_SANDBOX_GID, 65534:65534 unl
   appear on a host command line. The chain's own environment is a fixed minimal one.
 
 **How the workspace is writable by the sandbox uid**: before each run the workspace tree is
-chowned to the sandbox uid:gid (`_snapshot(..., chown_to=...)`), walking by directory fds and never
-following a symlink, so a link the sandbox planted cannot turn the chown onto a host file.
+chowned to the run's uid:gid (`_snapshot(..., chown_to=...)`), walking by directory fds and never
+following a symlink, so a link the sandbox planted cannot turn the chown onto a host file; after
+the run the same walk hands it back to the worker, and the workspace directory is 0700: at rest
+no sandbox uid owns or can enter any workspace.
 Chown rather than an ACL: it needs no filesystem ACL support or setfacl, files created 0600 by
 the root-run file tools become readable too, and the worker (root) is unaffected. The same walk
 records (size, mtime_ns) per entry; a second walk after the run yields `changed_files`.
@@ -40,8 +45,9 @@ records (size, mtime_ns) per entry; a second walk after the run yields `changed_
 **Was the command sandboxed?** The sandbox's pid 1 is a shell running a one-line prologue that
 prints a random nonce to stdout (stripped from the output) and then runs `sh -c COMMAND`. A run
 whose stdout does not start with the nonce never reached the command (bwrap is missing, or could
-not build its namespaces or mounts), so it is safe to refuse, or, when the policy says
-`rlimits_only`, to run the command without bwrap. The command can never cause that fallback.
+not build its namespaces or mounts), so it is safe to refuse, or, when an operator's policy says
+`rlimits_only`, to run the command without bwrap. The command can never cause that fallback, and
+a tenant's policy never has it (`SandboxPolicy.effective_fallback`).
 
 **Nothing outlives a run.** That pid-1 shell reaps orphans while the command runs, and bwrap
 (`--as-pid-1`) waits for it; when it dies the kernel kills and reaps the whole pid namespace
@@ -61,13 +67,17 @@ import stat
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from django.conf import settings
+from config import sandbox_reach
 
 from ..base import ToolError
+from . import egress, identity
+from .identity import SandboxIdentity
 from .policy import SandboxLimits
+from .quota import QuotaReport, QuotaWatch, WorkspaceQuota
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +86,6 @@ SETPRIV = "/usr/bin/setpriv"
 PRLIMIT = "/usr/bin/prlimit"
 SHELL = "/bin/sh"
 
-# Fixed for the life of a process (settings are): XAGENT_SANDBOX_UID / XAGENT_SANDBOX_GID.
-SANDBOX_UID = settings.XAGENT_SANDBOX_UID
-SANDBOX_GID = settings.XAGENT_SANDBOX_GID
 SANDBOX_WORKDIR = "/workspace"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The chain before bwrap sees only this; the sandboxed command gets `_command_env`.
@@ -124,6 +131,14 @@ _ETC_NETWORK = (
     "/etc/ca-certificates",
 )
 
+# Through the egress proxy names are resolved by the proxy: only TLS trust is needed inside.
+_ETC_TLS = ("/etc/ssl", "/etc/ca-certificates")
+
+# What network a sandbox has (`bwrap_options`): none (its own empty namespace), egress (that
+# namespace plus the proxy through the outbound guard, `sandbox.egress`), host (the operator's
+# host_network: bwrap's --share-net).
+NETWORK_NONE, NETWORK_EGRESS, NETWORK_HOST = "none", "egress", "host"
+
 _KILL_REASONS_BY_SIGNAL = {signal.SIGXCPU: "cpu_limit", signal.SIGXFSZ: "file_size_limit"}
 
 
@@ -135,13 +150,17 @@ class SandboxRun:
     duration_ms: int
     timed_out: bool = False
     # None, or why the run ended early: "timeout", "cancelled", "output_limit" (stopped by the
-    # sandbox), "cpu_limit", "file_size_limit" (a kernel limit's signal), "signal:SIGxxx".
+    # sandbox), "cpu_limit", "file_size_limit" (a kernel limit's signal), "signal:SIGxxx",
+    # "quota_exceeded" (the workspace went over its quota while the command ran: `quota`).
     killed_reason: str | None = None
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     changed_files: list[tuple[str, str]] = field(default_factory=list)
     changed_files_complete: bool = True
     sandboxed: bool = True
+    uid: int | None = None  # the uid the command ran as
+    # With a quota given to run_sandboxed: what its check found and removed (`sandbox.quota`).
+    quota: QuotaReport | None = None
 
     @property
     def truncated(self) -> bool:
@@ -243,10 +262,8 @@ def _memfd(name: str, data: bytes) -> int:
 def _passwd_files(uid: int, gid: int, home: str = SANDBOX_WORKDIR) -> tuple[bytes, bytes]:
     """A minimal /etc/passwd and /etc/group naming only root and the sandbox user (the
     host's user list stays outside)."""
-    name = "nobody" if uid == SANDBOX_UID else "sandbox"
-    group = "nogroup" if gid == SANDBOX_GID else "sandbox"
-    passwd = f"root:x:0:0:root:/root:/usr/sbin/nologin\n{name}:x:{uid}:{gid}:{name}:{home}:/bin/sh\n"
-    groups = f"root:x:0:\n{group}:x:{gid}:\n"
+    passwd = f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{uid}:{gid}:sandbox:{home}:/bin/sh\n"
+    groups = f"root:x:0:\nsandbox:x:{gid}:\n"
     return passwd.encode(), groups.encode()
 
 
@@ -260,9 +277,10 @@ def _system_args() -> list[str]:
     return args
 
 
-def _etc_args(network: bool) -> list[str]:
+def _etc_args(network: str) -> list[str]:
     args = ["--dir", "/etc"]
-    for path in _ETC_ALWAYS + (_ETC_NETWORK if network else ()):
+    extra = {NETWORK_HOST: _ETC_NETWORK, NETWORK_EGRESS: _ETC_TLS}.get(network, ())
+    for path in _ETC_ALWAYS + extra:
         if os.path.islink(path) and os.readlink(path).startswith("/usr/"):
             args += ["--symlink", os.readlink(path), path]  # e.g. localtime -> /usr/share/zoneinfo/...
         elif os.path.exists(path):
@@ -283,18 +301,20 @@ def _command_env(env: dict[str, str] | None, home: str) -> dict[str, str]:
 
 def bwrap_options(
     *,
-    network: bool,
+    network: str,
     workdir: str,
     workdir_bind: list[str],
     passwd_fd: int,
     group_fd: int,
     env: dict[str, str] | None,
+    tmp_size_mb: int,
     read_paths: tuple[str, ...] = (),
     info_fd: int | None = None,
 ) -> list[str]:
     """bwrap's options for one sandbox (module docstring), shared by `run_sandboxed` and the
-    long-running servers of `sandbox.server`: fresh namespaces (the network only when
-    `network`), read-only system paths and minimal /etc, private /proc, /dev and /tmp, the one
+    long-running servers of `sandbox.server`: fresh namespaces (the host's network only when
+    `network` is NETWORK_HOST; NETWORK_EGRESS keeps the sandbox's own and the caller binds the
+    proxy in), read-only system paths and minimal /etc, private /proc, /dev and /tmp, the one
     working directory (`workdir_bind` mounts it at `workdir`, which is also cwd and HOME), the
     extra host paths of `read_paths` read-only at their own path, and the command's environment.
 
@@ -304,7 +324,7 @@ def bwrap_options(
         "--unshare-all",
         "--unshare-user",
         "--disable-userns",
-        *(["--share-net"] if network else []),
+        *(["--share-net"] if network == NETWORK_HOST else []),
         "--unshare-pid",
         "--as-pid-1",
         "--die-with-parent",
@@ -323,6 +343,10 @@ def bwrap_options(
         "/proc",
         "--dev",
         "/dev",
+        # /tmp is memory: bounded like the rest of the sandbox's memory, or a loop of files
+        # (each under the file-size limit) would fill the host's RAM.
+        "--size",
+        str(tmp_size_mb * 1024 * 1024),
         "--tmpfs",
         "/tmp",
         *workdir_bind,
@@ -358,13 +382,13 @@ def _prlimit_args(limits: SandboxLimits) -> list[str]:
     ]
 
 
-def _drop_args() -> list[str]:
-    """The uid drop, when this process may (root); otherwise only no_new_privs."""
+def _drop_args(identity: SandboxIdentity) -> list[str]:
+    """The drop to the run's own uid, when this process may (root); otherwise only no_new_privs."""
     if os.geteuid() == 0:
         return [
             SETPRIV,
-            f"--reuid={SANDBOX_UID}",
-            f"--regid={SANDBOX_GID}",
+            f"--reuid={identity.uid}",
+            f"--regid={identity.gid}",
             "--clear-groups",
             "--no-new-privs",
             "--inh-caps=-all",
@@ -376,21 +400,10 @@ def _drop_args() -> list[str]:
 
 
 def _unsearchable_parent(path: str) -> str | None:
-    """The first parent of `path` the sandbox uid cannot search (mode bits only), or None."""
-    for parent in Path(path).parents:
-        try:
-            st = os.stat(parent)
-        except OSError:
-            return str(parent)
-        if st.st_uid == SANDBOX_UID:
-            bit = stat.S_IXUSR
-        elif st.st_gid == SANDBOX_GID:
-            bit = stat.S_IXGRP
-        else:
-            bit = stat.S_IXOTH
-        if not st.st_mode & bit:
-            return str(parent)
-    return None
+    """The first directory above `path` that others cannot search, or None (the rule is
+    `config.sandbox_reach`'s: every sandbox uid is an "other" to the directories above it)."""
+    blocked = sandbox_reach.unsearchable_parent(path)
+    return None if blocked is None else str(blocked)
 
 
 def _check_tools() -> None:
@@ -523,6 +536,7 @@ def _supervise(
     limits: SandboxLimits,
     cancel: threading.Event | None,
     env: dict[str, str] = CHAIN_ENV,
+    quota_check: Callable[[], bool] | None = None,
 ) -> _Outcome:
     started = time.monotonic()
     deadline = started + limits.wall_seconds
@@ -590,6 +604,8 @@ def _supervise(
                     kill("timeout")
                 elif out.total + err.total > flood:
                     kill("output_limit")
+                elif quota_check is not None and quota_check():
+                    kill("quota_exceeded")  # a bounded workspace walk, when one is due (sandbox.quota)
             if kill_at is not None and exited_at is None and now - kill_at > KILL_GRACE_SECONDS:
                 _signal(proc.pid, signal.SIGKILL, group=True)
                 kill_at = now
@@ -640,9 +656,23 @@ def _supervise(
     )
 
 
-def _run_bwrap(command: str, root_fd: int, limits: SandboxLimits, env: dict[str, str], cancel) -> _Outcome:
-    uid, gid = (SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else (os.getuid(), os.getgid())
-    passwd, group = _passwd_files(uid, gid)
+def network_mode(limits: SandboxLimits) -> str:
+    if limits.host_network:
+        return NETWORK_HOST
+    return NETWORK_EGRESS if limits.network else NETWORK_NONE
+
+
+def _run_bwrap(
+    command: str,
+    root_fd: int,
+    limits: SandboxLimits,
+    env: dict[str, str],
+    cancel,
+    who: SandboxIdentity,
+    proxy: egress.EgressProxy | None,
+    quota_check: Callable[[], bool] | None = None,
+) -> _Outcome:
+    passwd, group = _passwd_files(who.uid, who.gid)
     fds: list[int] = []
     try:
         ws_fd = os.open(".", os.O_PATH | os.O_DIRECTORY, dir_fd=root_fd)
@@ -655,13 +685,34 @@ def _run_bwrap(command: str, root_fd: int, limits: SandboxLimits, env: dict[str,
         fds.append(info_w)
 
         bind = "--bind-fd" if limits.filesystem == "workspace_write" else "--ro-bind-fd"
+        workdir_bind = [bind, str(ws_fd), SANDBOX_WORKDIR]
+        start_egress = ""
+        if proxy is not None:
+            # The worker's proxy socket (read-only: the sandbox may connect, never replace it) and
+            # the forwarder that serves 127.0.0.1:3128 inside the sandbox's namespace.
+            forwarder_fd = _memfd("egress-forwarder", egress.FORWARDER.encode())
+            fds.append(forwarder_fd)
+            workdir_bind += [
+                "--ro-bind",
+                proxy.directory,
+                os.path.dirname(egress.SANDBOX_SOCKET),
+                "--ro-bind-data",
+                str(forwarder_fd),
+                egress.SANDBOX_FORWARDER,
+            ]
+            env = {**egress.PROXY_ENV, **env}
+            start_egress = (
+                f"{egress.PYTHON} -I -S {egress.SANDBOX_FORWARDER} || "
+                "echo 'xagent: the egress proxy did not start; this command has no network' >&2; "
+            )
         options = bwrap_options(
-            network=limits.network,
+            network=network_mode(limits),
             workdir=SANDBOX_WORKDIR,
-            workdir_bind=[bind, str(ws_fd), SANDBOX_WORKDIR],
+            workdir_bind=workdir_bind,
             passwd_fd=passwd_fd,
             group_fd=group_fd,
             env=env,
+            tmp_size_mb=limits.memory_mb,
             info_fd=info_w,
         )
         args_fd = _memfd("bwrap-args", b"".join(arg.encode() + b"\0" for arg in options))
@@ -672,9 +723,9 @@ def _run_bwrap(command: str, root_fd: int, limits: SandboxLimits, env: dict[str,
         # command runs, and bwrap waits for it, so when bwrap exits the whole pid namespace is
         # gone and reaped (bwrap's own init lets bwrap exit first, leaving an unreaped init).
         # `; exit $?` keeps dash from exec'ing the command in its place.
-        prologue = f'printf %s {nonce} || exit 125; {SHELL} -c "$1"; exit $?'
+        prologue = f'printf %s {nonce} || exit 125; {start_egress}{SHELL} -c "$1"; exit $?'
         argv = [
-            *_drop_args(),
+            *_drop_args(who),
             *_prlimit_args(limits),
             BWRAP,
             "--args",
@@ -698,12 +749,21 @@ def _run_bwrap(command: str, root_fd: int, limits: SandboxLimits, env: dict[str,
         info_fd=info_r,
         limits=limits,
         cancel=cancel,
+        quota_check=quota_check,
     )
 
 
-def _run_rlimits_only(command: str, workspace: Path, limits: SandboxLimits, env: dict[str, str], cancel):
+def _run_rlimits_only(
+    command: str,
+    workspace: Path,
+    limits: SandboxLimits,
+    env: dict[str, str],
+    cancel,
+    who: SandboxIdentity,
+    quota_check: Callable[[], bool] | None = None,
+):
     # The environment goes through Popen, not a command line, so env values stay out of `ps`.
-    argv = [*_drop_args(), *_prlimit_args(limits), SHELL, "-c", command]
+    argv = [*_drop_args(who), *_prlimit_args(limits), SHELL, "-c", command]
     return _supervise(
         argv,
         cwd=str(workspace),
@@ -714,6 +774,7 @@ def _run_rlimits_only(command: str, workspace: Path, limits: SandboxLimits, env:
         limits=limits,
         cancel=cancel,
         env=_command_env(env, str(workspace)),
+        quota_check=quota_check,
     )
 
 
@@ -729,10 +790,13 @@ def run_sandboxed(
     limits: SandboxLimits,
     env: dict[str, str] | None = None,
     cancel: threading.Event | None = None,
+    quota: WorkspaceQuota | None = None,
 ) -> SandboxRun:
     """Run `sh -c command` with the workspace as its working directory, inside the sandbox
     `limits` describes, and report what happened. Refusals (sandbox unavailable and the policy
-    refuses, bad env) raise ToolError; everything the command does is a result."""
+    refuses, bad env) raise ToolError; everything the command does is a result. With `quota`,
+    what the command writes counts against it (`sandbox.quota`: stopped while running once
+    over, and files it created removed at the end until the workspace is back within)."""
     if not isinstance(command, str) or not command.strip():
         raise ToolError("command must be a non-empty string", code="invalid_command")
     if "\x00" in command:
@@ -743,34 +807,55 @@ def run_sandboxed(
 
     real = os.path.realpath(workspace)
     if os.geteuid() == 0 and os.path.isdir(real) and (blocked := _unsearchable_parent(real)):
-        logger.error("sandbox uid %s cannot search %s, a parent of workspace %s", SANDBOX_UID, blocked, real)
+        logger.error("sandbox uids cannot search %s, a parent of workspace %s", blocked, real)
         raise ToolError(
-            f"the process sandbox cannot reach this workspace: one of its parent directories is not "
-            f"searchable by the sandbox user (uid {SANDBOX_UID}); the workspaces root and its parents "
+            "the process sandbox cannot reach this workspace: one of its parent directories is not "
+            "searchable by the sandbox users (XAGENT_SANDBOX_UIDS); the workspaces root and its parents "
             "must be searchable by others (chmod o+x)",
             code="sandbox_unavailable",
             stage="runtime",
         )
+    if limits.network and not limits.host_network:
+        try:
+            egress.check_available()
+        except egress.EgressUnavailable as exc:
+            raise ToolError(
+                f"the process sandbox is unavailable: {exc}", code="sandbox_unavailable", stage="runtime"
+            ) from None
     try:
         root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         raise ToolError("the session workspace does not exist", code="workspace_missing") from exc
     try:
-        owner = (SANDBOX_UID, SANDBOX_GID) if os.geteuid() == 0 else None
+        who = identity.acquire()
+    except BaseException:
+        os.close(root_fd)
+        raise
+    sandboxed = True
+    proxy: egress.EgressProxy | None = None
+    try:
+        owner = (who.uid, who.gid) if who.isolated else None
         before, complete = _snapshot(root_fd, chown_to=owner)
+        os.fchmod(root_fd, 0o700)  # at rest and while running: nobody else's
+        # Only a writable workspace can grow; what the run writes is its own uid's (when isolated).
+        watch = None
+        if quota is not None and limits.filesystem == "workspace_write":
+            watch = QuotaWatch(root_fd, quota, owner_uid=who.uid if who.isolated else None)
 
         outcome: _Outcome | None = None
         why: str | None = None
         if not os.access(BWRAP, os.X_OK):
             why = f"bubblewrap is not installed ({BWRAP} is missing)"
         else:
-            outcome = _run_bwrap(command, root_fd, limits, env, cancel)
+            if limits.network and not limits.host_network:
+                proxy = egress.EgressProxy(who.uid, who.gid, label=os.path.basename(real))
+            outcome = _run_bwrap(command, root_fd, limits, env, cancel, who, proxy, quota_check=watch)
             if not outcome.ready and outcome.killed_reason is None:
                 why = _why_unavailable(outcome)
 
         sandboxed = True
         if why is not None:
-            if limits.fallback != "rlimits_only":
+            if limits.fallback != "rlimits_only":  # a tenant's policy always refuses
                 raise ToolError(
                     f"the process sandbox is unavailable: {why}. The sandbox policy refuses to run "
                     "commands without it (fallback 'refuse').",
@@ -778,13 +863,24 @@ def run_sandboxed(
                     stage="runtime",
                 )
             logger.warning(
-                "process sandbox unavailable (%s); running with rlimits only, as the policy allows", why
+                "process sandbox unavailable (%s); running with rlimits only, as the operator's policy "
+                "allows",
+                why,
             )
-            outcome = _run_rlimits_only(command, Path(real), limits, env, cancel)
             sandboxed = False
+            outcome = _run_rlimits_only(command, Path(real), limits, env, cancel, who, quota_check=watch)
 
-        after, complete_after = _snapshot(root_fd, chown_to=None)
+        # Before the after-walk (and while the run's files are still its uid's), so that
+        # changed_files describe what the quota check left.
+        quota_report = watch.finish() if watch is not None else None
+        # Back to the worker: at rest no sandbox uid owns anything of the workspace.
+        worker = (os.getuid(), os.getgid()) if who.isolated else None
+        after, complete_after = _snapshot(root_fd, chown_to=worker)
     finally:
+        if proxy is not None:
+            proxy.close()
+        # Without the pid namespace (the operator's fallback) a process may have outlived the run.
+        who.release(sweep=not sandboxed)
         os.close(root_fd)
 
     assert outcome is not None
@@ -811,4 +907,6 @@ def run_sandboxed(
         changed_files=_diff(before, after),
         changed_files_complete=complete and complete_after,
         sandboxed=sandboxed,
+        uid=who.uid,
+        quota=quota_report,
     )

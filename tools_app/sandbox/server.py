@@ -10,8 +10,11 @@ uid drop, prlimit, fresh namespaces, read-only system paths, a minimal /etc, pri
 - **Its own directory** (`ServerSandbox.directory`, one per server) is bound read-write at
   `/server`, its working directory and HOME: the only writable place besides /tmp. Host paths
   the operator listed (`read_paths`) are bound read-only at their own path.
-- **Network** only if the operator enabled it for this server (`network`), never from the
-  tenant's SandboxPolicy (which a tenant admin may edit).
+- **Network** only if the operator enabled it for this server (`network`: the host's network,
+  as the operator is trusted with it), never from the tenant's SandboxPolicy.
+- **Its own uid** (`sandbox.identity`), held from the preflight until the client closes the
+  connection (`ServerLaunch.identity`: the caller releases it). At each start the server's
+  directory is handed to that uid (a recursive chown that never follows links).
 - **Limits**: the tenant's SandboxPolicy's CPU, memory, process, file-size and open-file limits.
   A server has no wall-clock limit of its own (it is meant to keep running); each operation on
   it is bounded by the MCP server's timeout instead, and the process is stopped when its
@@ -48,7 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..base import ToolError
-from . import process
+from . import identity, process
+from .identity import SandboxIdentity
 from .launcher import LAUNCH_VARIABLE
 from .policy import SandboxLimits
 
@@ -86,6 +90,8 @@ class ServerLaunch:
     env: dict[str, str] = field(repr=False)
     cwd: str
     sandboxed: bool
+    # The uid the server runs as: held until the caller releases it, after the server is gone.
+    identity: SandboxIdentity | None = field(default=None, repr=False, compare=False)
 
 
 class CommandNotFound(ToolError):
@@ -99,7 +105,9 @@ def prepare_server(
 
     Raises ToolError (code `sandbox_unavailable`, `invalid_command`, `invalid_env`,
     `command_not_found`) with a sentence fit for an admin; never returns an unconfined launch
-    unless the policy's fallback is `rlimits_only` (then `sandboxed=False`, logged).
+    unless an operator's policy falls back to `rlimits_only` (then `sandboxed=False`, logged).
+    The returned launch holds a uid: the caller must `launch.identity.release(sweep=True)` once
+    the server has stopped (or was never spawned).
     """
     if not isinstance(command, str) or not command.strip() or "\x00" in command:
         raise ToolError("the server command must be a non-empty string without NUL", code="invalid_command")
@@ -109,18 +117,29 @@ def prepare_server(
     env = dict(env or {})
     process._command_env(env, SERVER_WORKDIR)  # validate before touching anything
     process._check_tools()
-    directory = _prepare_directory(sandbox.directory)
     for path in sandbox.read_paths:
         _check_read_path(path)
+    who = identity.acquire()
+    try:
+        launch = _prepare(command, args, env, sandbox, who)
+    except BaseException:
+        who.release(sweep=True)
+        raise
+    return dataclasses.replace(launch, identity=who)
 
+
+def _prepare(
+    command: str, args: tuple[str, ...], env: dict[str, str], sandbox: ServerSandbox, who: SandboxIdentity
+) -> ServerLaunch:
+    directory = _prepare_directory(sandbox.directory, who)
     why: str | None = None
     if not os.access(process.BWRAP, os.X_OK):
         why = f"bubblewrap is not installed ({process.BWRAP} is missing)"
     else:
-        why = _preflight(command, env, directory, sandbox)
+        why = _preflight(command, env, directory, sandbox, who)
     if why is None:
-        return _bwrap_launch(command, args, env, directory, sandbox)
-    if sandbox.limits.fallback != "rlimits_only":
+        return _bwrap_launch(command, args, env, directory, sandbox, who)
+    if sandbox.limits.fallback != "rlimits_only":  # a tenant's policy always refuses
         raise ToolError(
             f"the process sandbox is unavailable: {why}. The sandbox policy refuses to run "
             "commands without it (fallback 'refuse').",
@@ -130,12 +149,12 @@ def prepare_server(
     logger.warning(
         "process sandbox unavailable (%s); starting a server with rlimits only, as the policy allows", why
     )
-    return _rlimits_only_launch(command, args, env, directory, sandbox.limits)
+    return _rlimits_only_launch(command, args, env, directory, sandbox.limits, who)
 
 
-def _prepare_directory(path: str) -> str:
-    """The server's directory, existing and owned by the sandbox uid (when this is root), whose
-    parents that uid can search (bwrap resolves the path as that uid)."""
+def _prepare_directory(path: str, who: SandboxIdentity) -> str:
+    """The server's directory, existing and (with what it holds) owned by this start's uid when
+    this is root, whose parents that uid can search (bwrap resolves the path as that uid)."""
     real = os.path.realpath(path)
     try:
         fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -146,13 +165,13 @@ def _prepare_directory(path: str) -> str:
             if process._unsearchable_parent(real):
                 raise ToolError(
                     "the process sandbox cannot reach the server's directory: one of its parent "
-                    f"directories is not searchable by the sandbox user (uid {process.SANDBOX_UID}); "
+                    "directories is not searchable by the sandbox users (XAGENT_SANDBOX_UIDS); "
                     "the MCP servers root and its parents must be searchable by others (chmod o+x)",
                     code="sandbox_unavailable",
                     stage="runtime",
                 )
-            # Only the directory itself: what the server creates in it is already its own.
-            process._chown_fd(fd, (process.SANDBOX_UID, process.SANDBOX_GID))
+            # What an earlier start (another uid) left there becomes this start's.
+            process._snapshot(fd, chown_to=(who.uid, who.gid))
         os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
@@ -168,25 +187,22 @@ def _check_read_path(path: str) -> None:
         )
     if os.geteuid() == 0 and process._unsearchable_parent(path):
         raise ToolError(
-            f"the read-only path {path} given for this server is not reachable by the sandbox user "
-            f"(uid {process.SANDBOX_UID}): its parent directories must be searchable by others",
+            f"the read-only path {path} given for this server is not reachable by the sandbox users "
+            "(XAGENT_SANDBOX_UIDS): its parent directories must be searchable by others",
             code="sandbox_unavailable",
             stage="runtime",
         )
 
 
-def _identity() -> tuple[int, int]:
-    return (process.SANDBOX_UID, process.SANDBOX_GID) if os.geteuid() == 0 else (os.getuid(), os.getgid())
-
-
 def _options(env: dict[str, str], directory: str, sandbox: ServerSandbox, passwd_fd: int, group_fd: int):
     return process.bwrap_options(
-        network=sandbox.network,
+        network=process.NETWORK_HOST if sandbox.network else process.NETWORK_NONE,
         workdir=SERVER_WORKDIR,
         workdir_bind=["--bind", directory, SERVER_WORKDIR],
         passwd_fd=passwd_fd,
         group_fd=group_fd,
         env=env,
+        tmp_size_mb=sandbox.limits.memory_mb,
         read_paths=sandbox.read_paths,
     )
 
@@ -195,10 +211,12 @@ def _nul_joined(options: list[str]) -> bytes:
     return b"".join(arg.encode() + b"\0" for arg in options)
 
 
-def _preflight(command: str, env: dict[str, str], directory: str, sandbox: ServerSandbox) -> str | None:
+def _preflight(
+    command: str, env: dict[str, str], directory: str, sandbox: ServerSandbox, who: SandboxIdentity
+) -> str | None:
     """Run the server's sandbox with a shell line instead of the server. None when it works;
     otherwise why bwrap could not build it. Raises CommandNotFound when only the command is missing."""
-    passwd, group = process._passwd_files(*_identity(), home=SERVER_WORKDIR)
+    passwd, group = process._passwd_files(who.uid, who.gid, home=SERVER_WORKDIR)
     limits = dataclasses.replace(
         sandbox.limits, wall_seconds=min(sandbox.limits.wall_seconds, PREFLIGHT_WALL_SECONDS)
     )
@@ -216,7 +234,7 @@ def _preflight(command: str, env: dict[str, str], directory: str, sandbox: Serve
         args_fd = process._memfd("bwrap-args", _nul_joined(options))
         fds.append(args_fd)
         argv = [
-            *process._drop_args(),
+            *process._drop_args(who),
             *process._prlimit_args(limits),
             process.BWRAP,
             "--args",
@@ -264,13 +282,18 @@ def _launch(argv: list[str], spec: dict, sandboxed: bool) -> ServerLaunch:
 
 
 def _bwrap_launch(
-    command: str, args: tuple[str, ...], env: dict[str, str], directory: str, sandbox: ServerSandbox
+    command: str,
+    args: tuple[str, ...],
+    env: dict[str, str],
+    directory: str,
+    sandbox: ServerSandbox,
+    who: SandboxIdentity,
 ) -> ServerLaunch:
-    passwd, group = process._passwd_files(*_identity(), home=SERVER_WORKDIR)
+    passwd, group = process._passwd_files(who.uid, who.gid, home=SERVER_WORKDIR)
     options = _options(env, directory, sandbox, PASSWD_FD, GROUP_FD)
     payload = {ARGS_FD: _nul_joined(options), PASSWD_FD: passwd, GROUP_FD: group}
     argv = [
-        *process._drop_args(),
+        *process._drop_args(who),
         *process._prlimit_args(sandbox.limits),
         process.BWRAP,
         "--args",
@@ -290,9 +313,14 @@ def _bwrap_launch(
 
 
 def _rlimits_only_launch(
-    command: str, args: tuple[str, ...], env: dict[str, str], directory: str, limits: SandboxLimits
+    command: str,
+    args: tuple[str, ...],
+    env: dict[str, str],
+    directory: str,
+    limits: SandboxLimits,
+    who: SandboxIdentity,
 ) -> ServerLaunch:
     # The uid drop and the limits, without namespaces: the server runs in its directory on the host.
-    argv = [*process._drop_args(), *process._prlimit_args(limits), command, *args]
+    argv = [*process._drop_args(who), *process._prlimit_args(limits), command, *args]
     spec = {"fds": {}, "env": process._command_env(env, directory), "cwd": directory}
     return _launch(argv, spec, sandboxed=False)
