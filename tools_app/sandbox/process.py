@@ -78,6 +78,7 @@ from . import egress, identity
 from .identity import SandboxIdentity
 from .policy import SandboxLimits
 from .quota import QuotaReport, QuotaWatch, WorkspaceQuota
+from .quota import walk as quota_walk
 
 logger = logging.getLogger(__name__)
 
@@ -173,58 +174,27 @@ class SandboxRun:
 def _snapshot(root_fd: int, chown_to: tuple[int, int] | None) -> tuple[dict[str, tuple[int, int]], bool]:
     """Map every non-directory entry under the workspace to (size, mtime_ns).
 
-    Walks by directory fds, opening each subdirectory with O_NOFOLLOW relative to its parent,
-    and never follows a symlink (a symlink is itself an entry). With `chown_to` every entry
-    (and the root) not already owned by that uid:gid is lchowned to it. Returns the map and
-    whether the walk was complete (False past SNAPSHOT_MAX_ENTRIES).
+    Walks by directory fds (`quota.walk`: each subdirectory opened O_NOFOLLOW relative to its
+    parent, only the current path held open) and never follows a symlink (a symlink is itself an
+    entry). With `chown_to` every entry (and the root) not already owned by that uid:gid is
+    lchowned to it. Returns the map and whether the walk was complete (False past
+    SNAPSHOT_MAX_ENTRIES, or below a directory it could not read or too deep to walk).
     """
     entries: dict[str, tuple[int, int]] = {}
-    seen = 0
     if chown_to is not None:
         _chown_fd(root_fd, chown_to)
-    stack: list[tuple[int, str]] = [(os.dup(root_fd), "")]
-    complete = True
-    try:
-        while stack:
-            dir_fd, prefix = stack.pop()
+
+    def visit(dir_fd: int, name: str, rel: str, st: os.stat_result) -> bool:
+        if chown_to is not None and (st.st_uid, st.st_gid) != chown_to:
             try:
-                with os.scandir(dir_fd) as it:
-                    children = list(it)
+                os.chown(name, *chown_to, dir_fd=dir_fd, follow_symlinks=False)
             except OSError:
-                children = []
-            try:
-                for child in children:
-                    seen += 1
-                    if seen > SNAPSHOT_MAX_ENTRIES:
-                        complete = False
-                        break
-                    rel = prefix + child.name
-                    try:
-                        st = os.stat(child.name, dir_fd=dir_fd, follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if chown_to is not None and (st.st_uid, st.st_gid) != chown_to:
-                        try:
-                            os.chown(child.name, *chown_to, dir_fd=dir_fd, follow_symlinks=False)
-                        except OSError:
-                            pass  # the run then meets a permission error it can report
-                    if stat.S_ISDIR(st.st_mode):
-                        try:
-                            sub = os.open(
-                                child.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd
-                            )
-                        except OSError:
-                            continue
-                        stack.append((sub, rel + "/"))
-                    else:
-                        entries[rel] = (st.st_size, st.st_mtime_ns)
-            finally:
-                os.close(dir_fd)
-            if not complete:
-                break
-    finally:
-        for dir_fd, _ in stack:
-            os.close(dir_fd)
+                pass  # the run then meets a permission error it can report
+        if not stat.S_ISDIR(st.st_mode):
+            entries[rel] = (st.st_size, st.st_mtime_ns)
+        return False
+
+    complete = quota_walk(root_fd, visit, max_entries=SNAPSHOT_MAX_ENTRIES)
     return entries, complete
 
 
