@@ -11,10 +11,9 @@ PostgreSQL, the real agent loop with the scripted model, real bwrap), each refus
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
-import threading
+import socket
 import time
 from urllib.parse import urlsplit
 
@@ -26,6 +25,7 @@ from approvals_app.models import ApprovalPolicy
 from approvals_app.policy import ensure_default_policy
 from sessions_app.models import Message, Turn
 from tests.support.model_server import text_reply, tool_call, tool_reply
+from tests.support.public_stand_in import STAND_IN, public_stand_in
 from tools_app.models import SandboxPolicy, Tool, ToolSet
 from tools_app.sandbox import egress
 from tools_app.sandbox import process as sandbox_process
@@ -40,28 +40,11 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="a uid per sandbox needs a root worker"),
 ]
 
-STAND_IN = "127.0.0.2"
-
-
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = b"public stand-in reached\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
 
 @pytest.fixture
 def stand_in():
-    server = http.server.ThreadingHTTPServer((STAND_IN, 0), _Hello)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with public_stand_in() as port:
+        yield port
 
 
 @pytest.fixture
@@ -162,9 +145,14 @@ def test_a_tenant_policy_with_network_reaches_public_hosts_only(
 
     db = settings.DATABASES["default"]
     redis = urlsplit(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"))
+    app = socket.socket()  # stands for the web app's port on the host
+    app.bind(("127.0.0.1", 0))
+    app.listen(8)
+    app.settimeout(0.5)
     targets = {
         "postgres": (db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432)),
         "redis": (redis.hostname or "127.0.0.1", redis.port or 6379),
+        "app": app.getsockname(),
     }
     probe = f"curl -sS http://{STAND_IN}:{stand_in}/; " + "".join(
         f"curl -s -w '|%{{http_code}}\\n' http://{host}:{port}/; "
@@ -184,10 +172,13 @@ def test_a_tenant_policy_with_network_reaches_public_hosts_only(
         wait_for(lambda: turn_ended(session_id), "the turn", worker, log)
 
     result = tool_result(session_id).content
-    assert "public stand-in reached" in result
-    assert result.count("|403") == 2, result  # PostgreSQL and Redis through the proxy
-    assert result.count("resolves to a loopback address") == 2, result
-    assert result.count("ConnectionRefusedError") == 2, result  # and directly: nothing there
+    assert "hello from the public stand-in" in result
+    assert result.count("|403") == 3, result  # PostgreSQL, Redis and the app through the proxy
+    assert result.count("resolves to a loopback address") == 3, result
+    assert result.count("ConnectionRefusedError") == 3, result  # and directly: nothing there
+    with pytest.raises(OSError):  # the app's listener never saw a connection
+        app.accept()
+    app.close()
     assert "ran WITHOUT the namespace sandbox" not in result
 
 

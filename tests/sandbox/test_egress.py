@@ -9,49 +9,26 @@ No traffic leaves loopback: the refused addresses are refused before any connect
 
 from __future__ import annotations
 
-import http.server
 import os
-import shutil
 import socket
-import tempfile
-import threading
-from pathlib import Path
 
 import pytest
 from django.test import override_settings
 
+from tests.support.public_stand_in import STAND_IN, public_stand_in
 from tools_app.sandbox import SandboxLimits, egress, run_sandboxed
 from tools_app.sandbox import process as sandbox_process
-from tools_app.workspace import workspace_for
 
 pytestmark = [
     pytest.mark.skipif(not os.access(sandbox_process.BWRAP, os.X_OK), reason="bubblewrap is not installed"),
     pytest.mark.skipif(not os.access(egress.PYTHON, os.X_OK), reason=f"{egress.PYTHON} is not installed"),
 ]
 
-STAND_IN = "127.0.0.2"
-
-
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = f"hello from the public stand-in, path {self.path}\n".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
 
 @pytest.fixture
 def stand_in():
-    server = http.server.ThreadingHTTPServer((STAND_IN, 0), _Hello)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with public_stand_in() as port:
+        yield port
 
 
 @pytest.fixture
@@ -72,15 +49,6 @@ def accepted(listener: socket.socket) -> bool:
         return False
     conn.close()
     return True
-
-
-@pytest.fixture
-def workspace():
-    # Under the system temp directory: the sandbox uids must be able to search its parents.
-    shared = Path(tempfile.mkdtemp(prefix="xagent-egress-test-"))
-    shared.chmod(0o711)
-    yield workspace_for(shared / "workspaces", "acme", "session-egress")
-    shutil.rmtree(shared)
 
 
 def run(command: str, workspace, **limits):

@@ -7,9 +7,7 @@ The flood tests are bounded (a few hundred processes at most, ARCHITECTURE §7).
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -31,14 +29,6 @@ pytestmark = pytest.mark.skipif(
 root_only = pytest.mark.skipif(not IS_ROOT, reason="only a root worker gives each sandbox its own uid")
 
 
-@pytest.fixture
-def shared():
-    path = Path(tempfile.mkdtemp(prefix="xagent-iso-"))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path)
-
-
 def uid_of(pid: str) -> int | None:
     try:
         with open(f"/proc/{pid}/status", "rb") as fh:
@@ -50,13 +40,13 @@ def uid_of(pid: str) -> int | None:
     return None
 
 
-def workspace(shared: Path, name: str) -> Path:
-    return workspace_for(shared / "workspaces", "acme", name)
+def named_workspace(shared_tmp: Path, name: str) -> Path:
+    return workspace_for(shared_tmp / "workspaces", "acme", name)
 
 
 @root_only
-def test_two_sandboxes_running_at_once_have_different_uids(shared):
-    first, second = workspace(shared, "one"), workspace(shared, "two")
+def test_two_sandboxes_running_at_once_have_different_uids(shared_tmp):
+    first, second = named_workspace(shared_tmp, "one"), named_workspace(shared_tmp, "two")
     seen: dict[str, int] = {}
     barrier = threading.Barrier(2)
 
@@ -78,10 +68,10 @@ def test_two_sandboxes_running_at_once_have_different_uids(shared):
 
 
 @root_only
-def test_a_held_process_flood_in_one_session_does_not_stop_anothers_commands(shared):
-    """The attack: one Session holds ~60 processes of the shared sandbox uid, and every other
+def test_a_held_process_flood_in_one_session_does_not_stop_anothers_commands(shared_tmp):
+    """The attack: one Session holds ~60 processes of the shared_tmp sandbox uid, and every other
     sandbox then could not create its namespaces (or, with the fallback, ran unconfined)."""
-    flooding, other = workspace(shared, "flooding"), workspace(shared, "other")
+    flooding, other = named_workspace(shared_tmp, "flooding"), named_workspace(shared_tmp, "other")
     flood: dict = {}
 
     def hold():
@@ -120,8 +110,8 @@ def test_a_held_process_flood_in_one_session_does_not_stop_anothers_commands(sha
 
 
 @root_only
-def test_a_workspace_at_rest_belongs_to_the_worker_and_nobody_else_enters_it(shared):
-    ws = workspace(shared, "rest")
+def test_a_workspace_at_rest_belongs_to_the_worker_and_nobody_else_enters_it(shared_tmp):
+    ws = named_workspace(shared_tmp, "rest")
     (ws / "before.txt").write_text("x")
     result = run_sandboxed("mkdir -p sub && echo y > sub/made.txt && ls -ln before.txt", ws, SandboxLimits())
 
@@ -135,11 +125,11 @@ def test_a_workspace_at_rest_belongs_to_the_worker_and_nobody_else_enters_it(sha
 
 
 @root_only
-def test_a_uid_goes_back_to_the_pool_after_the_run(shared, settings):
+def test_a_uid_goes_back_to_the_pool_after_the_run(shared_tmp, settings):
     # A range of one uid: a second run can only start if the first handed it back.
     low = settings.XAGENT_SANDBOX_UIDS[0] + 900
     settings.XAGENT_SANDBOX_UIDS = (low, low)
-    ws = workspace(shared, "pool")
+    ws = named_workspace(shared_tmp, "pool")
     first = run_sandboxed("id -u", ws, SandboxLimits())
     second = run_sandboxed("id -u", ws, SandboxLimits())
     assert first.uid == second.uid == low
@@ -154,8 +144,8 @@ def test_a_uid_goes_back_to_the_pool_after_the_run(shared, settings):
         held.release()
 
 
-def test_tmp_is_bounded_by_the_memory_limit(shared):
-    ws = workspace(shared, "tmp")
+def test_tmp_is_bounded_by_the_memory_limit(shared_tmp):
+    ws = named_workspace(shared_tmp, "tmp")
     result = run_sandboxed(
         "for i in $(seq 1 12); do head -c 8M /dev/zero > /tmp/f$i || { echo full at $i; break; }; done",
         ws,

@@ -12,10 +12,8 @@ import dataclasses
 import logging
 import os
 import re
-import shutil
 import socket
 import stat
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -63,21 +61,6 @@ class FakePort:
 
     def file_changed(self, path: str, op: str) -> None:
         self.file_changes.append((path, op))
-
-
-@pytest.fixture
-def shared_tmp():
-    """A directory tree the sandbox uid can search, as the real workspaces root is (pytest's
-    tmp_path lives under a root-only directory, which the sandbox refuses: see the test below)."""
-    path = Path(tempfile.mkdtemp(prefix="xagent-sbx-"))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path)
-
-
-@pytest.fixture
-def workspace(shared_tmp: Path) -> Path:
-    return workspace_for(shared_tmp / "workspaces", "acme", "session-1")
 
 
 @pytest.fixture

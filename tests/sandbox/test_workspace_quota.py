@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,7 +24,7 @@ from tools_app.sandbox import process as sandbox_process
 from tools_app.sandbox import quota as sandbox_quota
 from tools_app.sandbox.quota import WorkspaceQuota
 from tools_app.service import ToolService
-from tools_app.workspace import workspace_for, workspace_usage
+from tools_app.workspace import workspace_usage
 
 pytestmark = pytest.mark.skipif(
     not os.access(sandbox_process.BWRAP, os.X_OK),
@@ -45,20 +43,6 @@ class FakePort:
 
     def file_changed(self, path: str, op: str) -> None:
         self.file_changes.append((path, op))
-
-
-@pytest.fixture
-def shared_tmp():
-    """Searchable by the sandbox uid, as the real workspaces root is (see test_sandbox)."""
-    path = Path(tempfile.mkdtemp(prefix="xagent-quota-"))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path)
-
-
-@pytest.fixture
-def workspace(shared_tmp: Path) -> Path:
-    return workspace_for(shared_tmp / "workspaces", "acme", "session-1")
 
 
 @pytest.fixture

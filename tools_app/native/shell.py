@@ -138,8 +138,9 @@ class ShellExec(Tool):
     description = (
         "Run a shell command (/bin/sh -c) in the session workspace, which is the working directory "
         "(/workspace). The command runs in a sandbox: only the workspace is writable, nothing else of "
-        "the host is visible, there is normally no network, and CPU, memory, processes, file size, "
-        "run time and output are limited. Variables an administrator bound for this session (for "
+        "the host is visible, there is normally no network (where an administrator allows it, HTTP "
+        "and HTTPS to public hosts go through the proxy already set in HTTP_PROXY/HTTPS_PROXY), and "
+        "CPU, memory, processes, file size, run time, output and the workspace's size are limited. Variables an administrator bound for this session (for "
         'example API tokens) are already set in the environment; use them by name ("$API_TOKEN"), '
         "their values are redacted from what you see. Returns the exit code, stdout, stderr and the "
         "files changed."
