@@ -351,6 +351,30 @@ class SandboxPolicyAdmin(TenantScopedAdmin):
     def get_exclude(self, request, obj=None):
         return [] if request.user.is_superuser else list(SandboxPolicy.OPERATOR_FIELDS)
 
+    # What each limit means, and how far the operator lets it go (XAGENT_SANDBOX_MAX_*).
+    LIMIT_HELP = {
+        "cpu_seconds": "CPU seconds per process.",
+        "memory_mb": "Address space per process, in MB; also the size of the sandbox's /tmp.",
+        "wall_seconds": "Wall-clock seconds for one command.",
+        "max_processes": "Processes (and threads) the sandbox may run at once.",
+        "max_file_size_mb": "Largest file the sandbox may write, in MB.",
+        "max_output_bytes": "Bytes of stdout and of stderr kept for the result.",
+    }
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        from django.conf import settings
+
+        from .sandbox.policy import INT_BOUNDS
+
+        form = super().get_form(request, obj, change=change, **kwargs)
+        for name, text in self.LIMIT_HELP.items():
+            if name in form.base_fields:
+                ceiling = settings.XAGENT_SANDBOX_CEILINGS.get(name)
+                field = form.base_fields[name]
+                field.help_text = f"{text} At most {ceiling:,} (the operator's ceiling)."
+                field.widget.attrs.update(min=INT_BOUNDS[name][0], max=ceiling)
+        return form
+
     def get_readonly_fields(self, request, obj=None):
         return ["configured_by_operator"] if request.user.is_superuser else []
 

@@ -56,6 +56,8 @@ def test_a_tenant_admin_neither_sees_nor_sets_the_operator_only_fields(tenant_ad
     page = form.content.decode()
     assert 'name="fallback"' not in page and 'name="host_network"' not in page
     assert 'name="network"' in page
+    assert "Wall-clock seconds for one command. At most 600 (the operator" in page
+    assert 'max="600"' in page
 
     saved = tenant_admin.post(
         ADD, {**POLICY, "tenant": tenant_a.pk, "fallback": "rlimits_only", "host_network": "on"}

@@ -21,6 +21,7 @@ owned by the run's sandbox uid), closed with the run: one sandbox cannot use ano
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import selectors
@@ -156,7 +157,35 @@ def _split_authority(authority: str, default_port: int) -> tuple[str, int]:
 
 
 def authorize(host: str, port: int) -> list[str]:
-    """The addresses a sandbox may connect to for host:port, or _Refused saying why."""
+    """The addresses a sandbox may connect to for host:port, or _Refused saying why.
+
+    The port is judged before a name is resolved (no lookup for what is refused anyway); an
+    address literal is judged by the guard first, so a refused loopback address is named as such
+    rather than as a closed port."""
+    if _is_address(host):
+        addresses = _guarded(host, port)
+        _check_port(host, port)
+        return addresses
+    _check_port(host, port)
+    return _guarded(host, port)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def _guarded(host: str, port: int) -> list[str]:
+    try:
+        return checked_addresses(host, port)
+    except OutboundRefused as exc:
+        raise _Refused("403 Forbidden", str(exc)) from None
+
+
+def _check_port(host: str, port: int) -> None:
     if port not in settings.XAGENT_SANDBOX_EGRESS_PORTS and not is_allow_listed(host, port):
         allowed = ", ".join(str(p) for p in settings.XAGENT_SANDBOX_EGRESS_PORTS) or "none"
         raise _Refused(
@@ -164,10 +193,6 @@ def authorize(host: str, port: int) -> list[str]:
             f"port {port} is not open for sandbox egress (open ports: {allowed}; an operator may "
             "allow-list host:port in XAGENT_OUTBOUND_ALLOWED_HOSTS)",
         )
-    try:
-        return checked_addresses(host, port)
-    except OutboundRefused as exc:
-        raise _Refused("403 Forbidden", str(exc)) from None
 
 
 def _connect(addresses: list[str], port: int) -> socket.socket:
