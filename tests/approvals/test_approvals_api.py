@@ -10,6 +10,7 @@ from sessions_app.runtime import engine
 from tests.factories import issue_key
 from tests.runtime.helpers import drive_until_idle, new_session, send
 from tests.support.model_server import text_reply, tool_call, tool_reply
+from tests.support.ws import CONNECT_TIMEOUT_S
 from tests.tenancy.isolation import assert_cross_tenant_404, assert_error_shape
 from tools_app.models import Tool, ToolSet
 
@@ -92,7 +93,7 @@ async def test_the_websocket_decide_frame_uses_the_same_operation(
 ):
     outsider_key = await database_sync_to_async(lambda: issue_key(tenant_b, outsider_b)[1])()
     outsider = WebsocketCommunicator(application, f"/ws/sessions/{approval.session_id}/?token={outsider_key}")
-    assert not (await outsider.connect())[0]
+    assert not (await outsider.connect(timeout=CONNECT_TIMEOUT_S))[0]
 
     key = await database_sync_to_async(lambda: issue_key(tenant_a, owner_a)[1])()
     from sessions_app.models import Session
@@ -101,7 +102,7 @@ async def test_the_websocket_decide_frame_uses_the_same_operation(
     communicator = WebsocketCommunicator(
         application, f"/ws/sessions/{approval.session_id}/?token={key}&after={last}"
     )
-    assert (await communicator.connect())[0]
+    assert (await communicator.connect(timeout=CONNECT_TIMEOUT_S))[0]
     await communicator.send_json_to(
         {"type": "decide", "approval_id": approval.pk, "decision": "reject", "comment": "no"}
     )

@@ -18,6 +18,7 @@ from sessions_app.models import InputRequest, Turn
 from sessions_app.runtime import engine
 from tests.factories import example_stdio_fields, issue_key
 from tests.support.model_server import text_reply, tool_call, tool_reply
+from tests.support.ws import CONNECT_TIMEOUT_S
 from tools_app.mcp.sync import add_server, refresh_server
 from tools_app.models import MCPServer
 
@@ -89,7 +90,7 @@ def test_a_websocket_answer_reaches_the_server(asking, api_owner_a, tenant_a, ow
         communicator = WebsocketCommunicator(
             application, f"/ws/sessions/{session_id}/?token={key}&after=999999"
         )
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=CONNECT_TIMEOUT_S))[0]
         await communicator.send_json_to(
             {"type": "answer_input", "request_id": request.pk, "action": "decline"}
         )

@@ -20,6 +20,7 @@ from sessions_app.runtime import brain, engine
 from tests.factories import example_stdio_fields, issue_key
 from tests.runtime.helpers import assert_gap_free, drive_until_idle, new_session, send
 from tests.support.model_server import text_reply, tool_call, tool_reply
+from tests.support.ws import CONNECT_TIMEOUT_S
 from tests.tenancy.isolation import assert_cross_tenant_404, assert_error_shape
 from tools_app.mcp.sync import add_server, refresh_server
 from tools_app.models import MCPServer
@@ -259,7 +260,7 @@ async def test_the_websocket_answer_input_frame(pending, tenant_a, owner_a, tena
     communicator = WebsocketCommunicator(
         application, f"/ws/sessions/{pending.session_id}/?token={key}&after=999"
     )
-    assert (await communicator.connect())[0]
+    assert (await communicator.connect(timeout=CONNECT_TIMEOUT_S))[0]
 
     async def reply(frame, wanted):
         await communicator.send_json_to(frame)
@@ -296,7 +297,7 @@ async def test_the_websocket_frame_cannot_reach_another_tenants_request(pending,
     own = await database_sync_to_async(lambda: new_session(tenant_b, outsider_b))()
     key = await database_sync_to_async(lambda: issue_key(tenant_b, outsider_b)[1])()
     communicator = WebsocketCommunicator(application, f"/ws/sessions/{own.pk}/?token={key}")
-    assert (await communicator.connect())[0]
+    assert (await communicator.connect(timeout=CONNECT_TIMEOUT_S))[0]
     await communicator.send_json_to({"type": "answer_input", "request_id": pending.pk, "action": "decline"})
     while (frame := await communicator.receive_json_from(timeout=5))["type"] != "error":
         pass

@@ -9,6 +9,7 @@ from sessions_app.models import Input
 from sessions_app.runtime import engine
 from tenancy_app.ws import CLOSE_NOT_FOUND
 from tests.factories import issue_key
+from tests.support.ws import CONNECT_TIMEOUT_S
 
 from .helpers import new_session
 
@@ -36,7 +37,7 @@ async def _receive_seqs(communicator, count):
 async def test_catch_up_then_live_then_reconnect_without_gaps(tenant_a, owner_a):
     session, key = await _setup(tenant_a, owner_a)
     first = _connect(session.pk, key)
-    connected, _ = await first.connect()
+    connected, _ = await first.connect(timeout=CONNECT_TIMEOUT_S)
     assert connected
     seqs, frames = await _receive_seqs(first, 4)  # session.status + 3 input.queued
     assert seqs == [1, 2, 3, 4] and frames[1]["type"] == "input.queued" and "ts" in frames[1]
@@ -50,7 +51,7 @@ async def test_catch_up_then_live_then_reconnect_without_gaps(tenant_a, owner_a)
     for text in ("offline 1", "offline 2"):
         await database_sync_to_async(engine.enqueue_input)(session.pk, kind="message", payload={"text": text})
     second = _connect(session.pk, key, after=5)
-    assert (await second.connect())[0]
+    assert (await second.connect(timeout=CONNECT_TIMEOUT_S))[0]
     seqs, _ = await _receive_seqs(second, 2)
     assert seqs == [6, 7]
     assert await second.receive_nothing(timeout=0.3)
@@ -60,7 +61,7 @@ async def test_catch_up_then_live_then_reconnect_without_gaps(tenant_a, owner_a)
 async def test_client_frames_go_through_the_owner_operations(tenant_a, owner_a):
     session, key = await _setup(tenant_a, owner_a)
     communicator = _connect(session.pk, key, after=4)
-    assert (await communicator.connect())[0]
+    assert (await communicator.connect(timeout=CONNECT_TIMEOUT_S))[0]
     await communicator.send_json_to({"type": "input", "text": "from the socket", "kind": "guidance"})
     frames = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
     by_type = {f["type"]: f for f in frames}
@@ -82,5 +83,5 @@ async def test_another_tenant_cannot_open_the_stream(tenant_a, owner_a, outsider
     session, _ = await _setup(tenant_a, owner_a)
     outsider_key = await database_sync_to_async(lambda: issue_key(tenant_b, outsider_b)[1])()
     communicator = _connect(session.pk, outsider_key)
-    connected, code = await communicator.connect()
+    connected, code = await communicator.connect(timeout=CONNECT_TIMEOUT_S)
     assert not connected and code == CLOSE_NOT_FOUND

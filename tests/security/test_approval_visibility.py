@@ -16,6 +16,7 @@ from tenancy_app.choices import Role
 from tenancy_app.models import Membership
 from tests.factories import make_member
 from tests.runtime.helpers import new_session
+from tests.support.ws import CONNECT_TIMEOUT_S
 from tests.tenancy.isolation import assert_error_shape
 
 pytestmark = pytest.mark.django_db
@@ -209,7 +210,7 @@ class TestTheWebSocketDecideFrame:
         communicator = WebsocketCommunicator(
             application, f"/ws/sessions/{owners_approval.session_id}/?token={plaintext}&after=999999"
         )
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=CONNECT_TIMEOUT_S)
         assert connected
         await communicator.send_json_to(
             {"type": "decide", "approval_id": owners_approval.pk, "decision": "approve"}

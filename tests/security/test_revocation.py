@@ -28,6 +28,7 @@ from tenancy_app.actions import do_revoke_api_key
 from tenancy_app.models import ApiKey, Membership
 from tenancy_app.throttling import long_poll_slots_held
 from tests.runtime.helpers import send
+from tests.support.ws import CONNECT_TIMEOUT_S
 
 from ..factories import issue_key
 from ..tenancy.test_websocket_auth import OUR_ORIGIN, cookie_header, session_cookie
@@ -65,7 +66,7 @@ def _path(route: str, session, query: str = "") -> str:
 
 async def open_socket(path: str, headers=()) -> WebsocketCommunicator:
     communicator = WebsocketCommunicator(application, path, headers=list(headers))
-    connected, code = await communicator.connect()
+    connected, code = await communicator.connect(timeout=CONNECT_TIMEOUT_S)
     assert connected, f"refused with {code}"
     return communicator
 

@@ -16,6 +16,7 @@ from sessions_app.runtime import engine
 from tenancy_app.actions import do_revoke_api_key
 from tenancy_app.models import Membership
 from tenancy_app.ws import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
+from tests.support.ws import CONNECT_TIMEOUT_S
 
 from ..factories import issue_key
 from ..tenancy.test_websocket_auth import OUR_ORIGIN, cookie_header, session_cookie
@@ -37,7 +38,7 @@ async def open_stream(session, plaintext: str, headers=()):
     communicator = WebsocketCommunicator(
         application, f"/ws/sessions/{session.pk}/?token={plaintext}&after=999999", headers=list(headers)
     )
-    connected, code = await communicator.connect()
+    connected, code = await communicator.connect(timeout=CONNECT_TIMEOUT_S)
     assert connected, f"refused with {code}"
     return communicator
 
@@ -195,7 +196,7 @@ class TestCredentialsEndingWhileOpen:
         communicator = WebsocketCommunicator(
             application, f"/ws/sessions/{session_a.pk}/", headers=[*OUR_ORIGIN, cookie_header(cookie)]
         )
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=CONNECT_TIMEOUT_S))[0]
         await database_sync_to_async(Membership.objects.filter(user=owner_a, tenant=tenant_a).delete)()
 
         await communicator.send_json_to({"type": "input", "text": "hi"})
@@ -206,7 +207,7 @@ class TestCredentialsEndingWhileOpen:
     async def test_whoami_sockets_are_rechecked_too(self, key_a):
         key, plaintext = key_a
         communicator = WebsocketCommunicator(application, f"/ws/whoami/?token={plaintext}")
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=CONNECT_TIMEOUT_S))[0]
         await communicator.receive_json_from(timeout=5)  # hello
         await database_sync_to_async(do_revoke_api_key)(key)
 
@@ -232,7 +233,7 @@ class TestRefusedHandshakes:
     async def test_an_unknown_path_or_malformed_session_id_is_refused(self, key_a, path):
         communicator = WebsocketCommunicator(application, f"{path}?token={key_a[1]}")
 
-        connected, code = await communicator.connect()
+        connected, code = await communicator.connect(timeout=CONNECT_TIMEOUT_S)
 
         assert connected is False and code == CLOSE_NOT_FOUND
         await communicator.disconnect()  # end the consumer instance here, not at loop teardown
@@ -242,7 +243,7 @@ class TestRefusedHandshakes:
             application, f"/ws/sessions/{session_a.pk}/?token=xak_ab%00cd_ef"
         )
 
-        connected, code = await communicator.connect()
+        connected, code = await communicator.connect(timeout=CONNECT_TIMEOUT_S)
 
         assert connected is False and code == CLOSE_UNAUTHENTICATED
 
@@ -252,7 +253,7 @@ class TestRefusedHandshakes:
             application, f"/ws/sessions/{session_a.pk}/?token={key_a[1]}&after={after}"
         )
 
-        connected, _ = await communicator.connect()
+        connected, _ = await communicator.connect(timeout=CONNECT_TIMEOUT_S)
 
         assert connected is True
         await communicator.disconnect()

@@ -9,6 +9,7 @@ from channels.testing import WebsocketCommunicator
 from config.asgi import application
 from sessions_app.runtime import engine
 from tenancy_app.ws import CLOSE_UNAUTHENTICATED
+from tests.support.ws import CONNECT_TIMEOUT_S
 
 from ..factories import issue_key
 from ..tenancy.test_websocket_auth import cookie_header, session_cookie
@@ -26,7 +27,7 @@ def owner_a_cookie(owner_a):
 async def handshake(path: str, headers) -> tuple[bool, object]:
     communicator = WebsocketCommunicator(application, path, headers=list(headers))
     try:
-        return await communicator.connect()
+        return await communicator.connect(timeout=CONNECT_TIMEOUT_S)
     finally:
         await communicator.disconnect()
 
@@ -155,7 +156,7 @@ class TestClients:
                 cookie_header(owner_a_cookie),
             ],
         )
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=CONNECT_TIMEOUT_S))[0]
         hello = await communicator.receive_json_from(timeout=5)
         await communicator.disconnect()
 

@@ -9,6 +9,7 @@ from channels.testing import WebsocketCommunicator
 from config.asgi import application
 from sessions_app.runtime import engine
 from tenancy_app.actions import do_revoke_api_key
+from tests.support.ws import CONNECT_TIMEOUT_S
 
 from ..factories import issue_key
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 async def follow(tenant, user) -> WebsocketCommunicator:
     _, plaintext = await database_sync_to_async(issue_key)(tenant, user, "list")
     communicator = WebsocketCommunicator(application, f"/ws/sessions/?token={plaintext}")
-    connected, code = await communicator.connect()
+    connected, code = await communicator.connect(timeout=CONNECT_TIMEOUT_S)
     assert connected, f"refused with {code}"
     return communicator
 
@@ -50,7 +51,7 @@ async def test_another_tenant_hears_nothing(tenant_a, owner_a, tenant_b, outside
 
 async def test_it_refuses_an_anonymous_handshake(db):
     communicator = WebsocketCommunicator(application, "/ws/sessions/")
-    connected, code = await communicator.connect()
+    connected, code = await communicator.connect(timeout=CONNECT_TIMEOUT_S)
     assert not connected and code == 4401
 
 
@@ -69,7 +70,7 @@ async def test_a_client_frame_is_answered_unknown_frame_and_the_socket_stays(ten
 async def test_a_revoked_key_is_closed_4401_on_its_next_frame(tenant_a, owner_a):
     key, plaintext = await database_sync_to_async(issue_key)(tenant_a, owner_a, "list")
     communicator = WebsocketCommunicator(application, f"/ws/sessions/?token={plaintext}")
-    assert (await communicator.connect())[0]
+    assert (await communicator.connect(timeout=CONNECT_TIMEOUT_S))[0]
 
     await database_sync_to_async(do_revoke_api_key)(key)
     await communicator.send_json_to({"type": "ping"})

@@ -10,6 +10,7 @@ from tenancy_app.access import SESSION_TENANT_KEY
 from tenancy_app.actions import do_revoke_api_key
 from tenancy_app.choices import Role
 from tenancy_app.ws import CLOSE_UNAUTHENTICATED
+from tests.support.ws import CONNECT_TIMEOUT_S
 
 from ..factories import UserFactory, issue_key, make_member
 
@@ -35,7 +36,7 @@ def cookie_header(value: str) -> tuple[bytes, bytes]:
 
 async def open_socket(path: str = WHOAMI, headers=()):
     communicator = WebsocketCommunicator(application, path, headers=list(headers))
-    connected, detail = await communicator.connect()
+    connected, detail = await communicator.connect(timeout=CONNECT_TIMEOUT_S)
     return communicator, connected, detail
 
 

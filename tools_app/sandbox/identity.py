@@ -149,11 +149,22 @@ def processes_of(uid: int) -> list[int]:
     return pids
 
 
+def _alive(pid: int) -> bool:
+    """Not yet dead: a zombie (or a process gone since it was listed) needs no signal."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 def kill_processes_of(uid: int) -> int:
-    """SIGKILL every process of `uid` (a few rounds: one may fork while we look). Returns how many."""
+    """SIGKILL every live process of `uid` (a few rounds: one may fork while we look). Returns
+    how many were signalled; zombies are left to their reaper."""
     killed = 0
     for _ in range(SWEEP_ROUNDS):
-        pids = processes_of(uid)
+        pids = [pid for pid in processes_of(uid) if _alive(pid)]
         if not pids:
             break
         for pid in pids:
@@ -164,5 +175,5 @@ def kill_processes_of(uid: int) -> int:
                 pass
         time.sleep(0.01)
     if killed:
-        logger.warning("killed %d leftover process(es) of sandbox uid %d", killed, uid)
+        logger.info("killed %d leftover process(es) of sandbox uid %d", killed, uid)
     return killed

@@ -849,8 +849,11 @@ def run_sandboxed(
     finally:
         if proxy is not None:
             proxy.close()
-        # Without the pid namespace (the operator's fallback) a process may have outlived the run.
-        who.release(sweep=not sandboxed)
+        # The uid was this run's alone, so whatever process of it is still alive is the run's: a
+        # pid namespace the kernel is still tearing down (TEARDOWN_SECONDS is a bound, not a
+        # promise, on a loaded host), or, without the namespace (the operator's fallback), a
+        # process that left the group. Killed before anyone else gets the uid.
+        who.release(sweep=True)
         os.close(root_fd)
 
     assert outcome is not None
