@@ -151,3 +151,28 @@ def test_the_migration_resets_tenant_rows_and_trusts_global_ones(tenant_a):
     global_row.refresh_from_db()
     assert (tenant_row.fallback, tenant_row.configured_by_operator) == ("refuse", False)
     assert (global_row.fallback, global_row.configured_by_operator) == ("rlimits_only", True)
+
+
+@pytest.mark.parametrize(
+    "shell_env, error",
+    [
+        ('["API_TOKEN"]', "JSON object"),
+        ('{"1BAD": "x"}', "not a valid environment variable name"),
+        ('{"TOKEN": 42}', "must be a string"),
+        ('{"TOKEN": ', "Enter a valid JSON"),
+    ],
+    ids=["not-an-object", "bad-name", "not-a-string", "malformed-json"],
+)
+def test_a_bad_shell_environment_is_a_form_error_and_nothing_is_saved(
+    tenant_admin, tenant_a, shell_env, error
+):
+    from tools_app.models import ToolSet
+
+    answer = tenant_admin.post(
+        "/admin/tools_app/toolset/add/", {"tenant": tenant_a.pk, "name": "shell", "shell_env": shell_env}
+    )
+
+    assert answer.status_code == 200
+    errors = answer.context["adminform"].form.errors
+    assert error in " ".join(errors.get("shell_env", [])), errors
+    assert not ToolSet.objects.filter(tenant=tenant_a, name="shell").exists()
