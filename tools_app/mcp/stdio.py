@@ -10,12 +10,12 @@ This module owns three facts:
   sandbox's own mount points (/proc, /sys, /dev, /tmp, /server), and any path that is, holds
   or lies inside something of the product's (the workspaces root, the MCP servers root, the
   `var/` directory with the SQLite database, the database file, `.env`). A bound path shows the
-  server only what uid 65534 could read on the host anyway; the refusals cover what that uid
+  server only what a sandbox uid could read on the host anyway; the refusals cover what such a uid
   *can* read (workspaces are owned by it, a SQLite file is world-readable). Checked at save and
   again at every start (settings or symlinks may have changed since).
 - **How to run a Python module of this project as a sandboxed server**
   (`python_module_launch`, e.g. the shipped example server): the worker's interpreter may sit
-  where uid 65534 cannot reach (a pyenv build under /root), so the launch uses a system
+  where the sandbox uids cannot reach (a pyenv build under /root), so the launch uses a system
   interpreter of the same minor version with the worker's site-packages and the module's
   package directory bound read-only and named in PYTHONPATH. Never the project directory
   itself: it holds `var/` (the database, every tenant's workspace). A root worker whose
