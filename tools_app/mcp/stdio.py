@@ -11,7 +11,7 @@ This module owns three facts:
   or lies inside something of the product's (the workspaces root, the MCP servers root, the
   `var/` directory with the SQLite database, the database file, `.env`). A bound path shows the
   server only what a sandbox uid could read on the host anyway; the refusals cover what such a uid
-  *can* read (workspaces are owned by it, a SQLite file is world-readable). Checked at save and
+  *can* read (a running command's workspace is its uid's, a SQLite file is world-readable). Checked at save and
   again at every start (settings or symlinks may have changed since).
 - **How to run a Python module of this project as a sandboxed server**
   (`python_module_launch`, e.g. the shipped example server): the worker's interpreter may sit
