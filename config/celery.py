@@ -9,7 +9,13 @@ import os
 import sys
 
 from celery import Celery
-from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown, worker_shutting_down
+from celery.signals import (
+    worker_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -31,6 +37,17 @@ def ping(nonce: str) -> str:
 
     cache.set(PING_CACHE_PREFIX + nonce, "pong", timeout=60)
     return "pong"
+
+
+@worker_init.connect
+def _bound_database_connections(**kwargs):
+    """Before the worker's first query: its threads share XAGENT_WORKER_DB_CONNECTIONS pooled
+    connections (config/dbconn.py), whatever its concurrency."""
+    from django.conf import settings
+
+    from config.dbconn import set_pool_size
+
+    set_pool_size(settings.XAGENT_WORKER_DB_CONNECTIONS)
 
 
 @worker_ready.connect

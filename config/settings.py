@@ -181,8 +181,36 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     if _db_name and _db_name != ":memory:":
         Path(_db_name).parent.mkdir(parents=True, exist_ok=True)
 else:
-    DATABASES["default"].setdefault("CONN_MAX_AGE", _read("CONN_MAX_AGE", env.int, 0))
-    DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+    # One bounded connection pool per process (psycopg_pool through Django): a worker thread hands
+    # its connection back before every wait (config/dbconn.py), so a process driving hundreds of
+    # Sessions holds only a few connections. Web processes take XAGENT_DB_POOL_SIZE; a Celery worker
+    # process takes XAGENT_WORKER_DB_CONNECTIONS (config/celery.py). 0 turns pooling off (then one
+    # connection per thread, CONN_MAX_AGE applies).
+    XAGENT_DB_POOL_SIZE = _read("XAGENT_DB_POOL_SIZE", env.int, 10)
+    XAGENT_DB_POOL_TIMEOUT = _read("XAGENT_DB_POOL_TIMEOUT", env.float, 60.0)
+    if XAGENT_DB_POOL_SIZE < 0 or XAGENT_DB_POOL_TIMEOUT <= 0:
+        raise ImproperlyConfigured(
+            "Invalid value for environment variable XAGENT_DB_POOL_SIZE or XAGENT_DB_POOL_TIMEOUT: "
+            "the size must be 0 (no pool) or more, the timeout positive"
+        )
+    if XAGENT_DB_POOL_SIZE:
+        if _read("CONN_MAX_AGE", env.int, 0):
+            raise ImproperlyConfigured(
+                "Invalid value for environment variable CONN_MAX_AGE: connections are pooled "
+                "(XAGENT_DB_POOL_SIZE); set XAGENT_DB_POOL_SIZE=0 to use persistent connections instead"
+            )
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        # psycopg_pool discards a connection that came back broken; a check on every checkout
+        # would cost a round trip each time a waiting thread takes one again.
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": XAGENT_DB_POOL_SIZE,
+            "timeout": XAGENT_DB_POOL_TIMEOUT,
+        }
+    else:
+        DATABASES["default"].setdefault("CONN_MAX_AGE", _read("CONN_MAX_AGE", env.int, 0))
+        DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -278,7 +306,23 @@ CELERY_BEAT_SCHEDULE = {
     },
     "expire-approvals": {"task": "sessions.expire_approvals", "schedule": 60.0},
 }
-XAGENT_EMBEDDED_WORKER_THREADS = _positive_int("XAGENT_EMBEDDED_WORKER_THREADS", 4)
+# A worker process drives this many Sessions at once (Celery's threads pool): a Session waiting on
+# its model or on an I/O-bound tool holds a thread, which costs memory (≈ a few hundred KiB), not
+# a CPU. The embedded in-process worker uses the same pool (XAGENT_EMBEDDED_WORKER_THREADS).
+XAGENT_WORKER_SESSIONS = _positive_int("XAGENT_WORKER_SESSIONS", 200)
+CELERY_WORKER_POOL = "threads"
+CELERY_WORKER_CONCURRENCY = XAGENT_WORKER_SESSIONS
+# Connections of one worker process's pool (PostgreSQL): its threads share them, each holding
+# one only between waits. 2 keeps a deployment's connections at ≈ 2 per worker process.
+XAGENT_WORKER_DB_CONNECTIONS = _positive_int("XAGENT_WORKER_DB_CONNECTIONS", 2)
+# A step (one model call and the tools it asks for) that runs longer than this is stopped, in
+# every pool (runtime/watch.py): its turn ends `error`, or, when a tool ignores the stop, its lease
+# lapses and recovery settles the call. Longer than a shell command may run (600 s).
+XAGENT_STEP_TIME_LIMIT = _positive_int("XAGENT_STEP_TIME_LIMIT", 900)
+# Running Sessions per tenant at once; the tenant's other Sessions wait as `queued` (reason
+# `tenant_limit`) until one of its runners is done, so one tenant cannot take every thread.
+XAGENT_TENANT_MAX_RUNNING = _positive_int("XAGENT_TENANT_MAX_RUNNING", 100)
+XAGENT_EMBEDDED_WORKER_THREADS = _positive_int("XAGENT_EMBEDDED_WORKER_THREADS", 100)
 
 # --- auth, i18n, static -------------------------------------------------------------------
 

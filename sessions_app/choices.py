@@ -8,12 +8,22 @@ class SessionKind(models.TextChoices):
 
 class SessionStatus(models.TextChoices):
     IDLE = "idle", "Idle"
+    QUEUED = "queued", "Queued"  # has work, waits for a runner; `status_reason` says why (QueueReason)
     PREPARING = "preparing", "Preparing"
     RUNNING = "running", "Running"
     WAITING_APPROVAL = "waiting_approval", "Waiting for approval"
     COMPRESSING = "compressing", "Compressing"
     INTERRUPTED = "interrupted", "Interrupted"
     FAILED = "failed", "Failed"
+
+
+class QueueReason(models.TextChoices):
+    """Why a Session waits as `queued` (CONTRACT: `session.status.reason`)."""
+
+    CAPACITY = "capacity", "Every worker is busy"
+    TENANT_LIMIT = "tenant_limit", "The tenant runs as many Sessions as it may at once"
+    QUOTA_EXCEEDED = "quota_exceeded", "A quota is spent"
+    PROVIDER_UNAVAILABLE = "provider_unavailable", "The model provider is unavailable"
 
 
 class InputKind(models.TextChoices):

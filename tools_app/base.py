@@ -82,6 +82,9 @@ class ToolContext:
     # refuses to run rather than run without it.
     env_problem: str = ""
     sandbox_limits: Any = None
+    # Set when the turn is interrupted or its step is stopped (a threading.Event): a sandboxed
+    # command is killed at once instead of running out its wall clock.
+    cancel: Any = None
 
 
 @dataclass

@@ -15,6 +15,7 @@ of its own beyond the slice: the next slice starts from what SessionEngine has c
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from approvals_app import policy as approval_policy
+from config.dbconn import hand_back_connections
 from config.parsers import json_depth_exceeds, json_max_depth
 from skills_app import catalog as skills_catalog
 from tools_app.base import ToolContext, ToolError
@@ -36,7 +38,7 @@ from tools_app.service import ApprovalRequired, ToolService
 
 from ..choices import CallPurpose, InputKind, SessionKind, TurnReason
 from ..models import Checkpoint, Message, ModelCall, Plan, Session, Turn
-from . import approvals, engine, memory, summary
+from . import approvals, engine, memory, summary, watch
 from .events import broadcast_delta
 from .llm.base import Cancelled, CancelSignal, ModelCallFailed, ModelResult
 from .llm.config import EffectiveModel, resolve_model
@@ -54,7 +56,6 @@ logger = logging.getLogger(__name__)
 DELTA_FLUSH_S = 0.05
 # Loaded Skills' instructions may take at most this share of the context budget together.
 SKILL_SHARE_OF_BUDGET = 0.25
-INTERRUPT_POLL_S = 0.25
 
 
 def loop_guard_limits() -> tuple[int, int, int]:
@@ -443,49 +444,10 @@ class SliceContext:
         return approvals.verdict_for(ctx.tenant_id, tool, args, rules=self.policy_rules)
 
 
-MAX_KEPT_CONTEXTS = 64
+# Contexts kept between slices: one per Session a worker process may be driving.
+MAX_KEPT_CONTEXTS = max(64, settings.XAGENT_WORKER_SESSIONS, settings.XAGENT_EMBEDDED_WORKER_THREADS)
 _kept_contexts: OrderedDict[str, SliceContext] = OrderedDict()
 _kept_lock = threading.Lock()
-
-
-class InterruptWatcher:
-    """Polls the queue for an interrupt while the slice works, and fires `cancel`; keeps the
-    lease alive through a long model call or tool.
-
-    A thread (not the streaming loop) watches, so a model that sends nothing for a while is
-    still cancelled within the poll interval. One per slice (until it fires).
-    """
-
-    def __init__(self, session_id, cancel: CancelSignal, heartbeat=None):
-        self.session_id, self.cancel, self.heartbeat = session_id, cancel, heartbeat
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"interrupt-watch-{session_id}", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self):
-        from django.db import close_old_connections, connection
-
-        try:
-            last_beat = time.monotonic()
-            # Beat well inside the lease, so a slow model call never lets it lapse.
-            beat_every = min(10.0, settings.XAGENT_RUNNER_LEASE_SECONDS / 3)
-            while not self._stop.wait(INTERRUPT_POLL_S):
-                if engine.queued_inputs(self.session_id, [InputKind.INTERRUPT]).exists():
-                    self.cancel.set()
-                    return
-                if self.heartbeat is not None and time.monotonic() - last_beat >= beat_every:
-                    # A long model call must not let the lease lapse (another runner would take over).
-                    self.heartbeat()
-                    last_beat = time.monotonic()
-        except Exception:
-            logger.warning("interrupt watcher for %s stopped", self.session_id, exc_info=True)
-        finally:
-            close_old_connections()
-            connection.close()
 
 
 class DeltaCoalescer:
@@ -533,7 +495,7 @@ class AgentService:
         self.session_id, self.token, self.heartbeat = session_id, token, heartbeat
         self.context = SliceContext.for_slice(session_id, token)
         self.cancel = CancelSignal()
-        self._watcher: InterruptWatcher | None = None
+        self._watcher: watch.Watched | None = None
         self.tool_service = ToolService(approval_hook=self.context.approval_verdict)
 
     # --- the slice's life -----------------------------------------------------------------------
@@ -588,12 +550,23 @@ class AgentService:
 
     def _watch(self) -> None:
         if self._watcher is None:
-            self._watcher = InterruptWatcher(self.session_id, self.cancel, self.heartbeat)
+            self._watcher = watch.watch(
+                self.session_id, self.token, self.cancel, beats=self.heartbeat is not None
+            )
 
     def _stop_watching(self) -> None:
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
+
+    def _stopped_because(self) -> str:
+        """Why the watcher stopped this step itself (time limit, lost lease); "" for an interrupt."""
+        return self._watcher.stopped_because if self._watcher is not None else ""
+
+    def _step_starts(self) -> None:
+        """The per-step time limit (XAGENT_STEP_TIME_LIMIT) counts from here."""
+        self._watch()
+        self._watcher.step_started_now()
 
     # --- one step -------------------------------------------------------------------------------
 
@@ -602,6 +575,7 @@ class AgentService:
         re-read first."""
         context = self.context
         turn_id = context.turn_id
+        self._step_starts()
         _, _, max_steps = loop_guard_limits()
         if context.progress.steps >= max_steps:
             return self._end(TurnReason.BLOCKED, f"loop guard: {max_steps} steps without finishing the task")
@@ -618,18 +592,23 @@ class AgentService:
         redactor = context.redactor
         coalescer = DeltaCoalescer(self.session_id, call.pk, redactor)
         started = time.monotonic()
-        self._watch()
+        hand_back_connections()  # the stream is a wait: the process's few connections serve others
         try:
             result = provider_for(request.model).complete(
                 request.messages, request.tools, purpose="agent", on_delta=coalescer, cancel=self.cancel
             )
         except Cancelled:
             coalescer.flush(final=True)
+            stopped = self._stopped_because()
             engine.end_model_call(
                 context.writer,
                 call,
-                engine.CallOutcome("cancelled", {}, 1, [], _ms(started), error="interrupted by the user"),
+                engine.CallOutcome(
+                    "cancelled", {}, 1, [], _ms(started), error=stopped or "interrupted by the user"
+                ),
             )
+            if stopped:
+                return self._end(TurnReason.ERROR, stopped)
             self.invalidate()  # the runner applies the queued interrupt next
             return StepResult()
         except ModelCallFailed as exc:
@@ -865,9 +844,12 @@ class AgentService:
         repeats_limit, idle_limit, _ = loop_guard_limits()
         guard = context.progress.guard_state
         progressed = False
-        # Consecutive read-only calls run in parallel; results still commit in model order.
+        # Consecutive read-only calls run in parallel; results still commit in model order. An
+        # interrupt (or the step's time limit) also stops a running sandboxed command.
+        tool_context = dataclasses.replace(context.tool_context, cancel=self.cancel.event)
+        hand_back_connections()  # tools mostly wait (sandbox, MCP); they take a connection if they need one
         outcomes = self.tool_service.execute_batch(
-            [(c["id"], c["name"], c["arguments"]) for c in call_specs], context.tool_context, context.tools
+            [(c["id"], c["name"], c["arguments"]) for c in call_specs], tool_context, context.tools
         )
         for index, call_spec in enumerate(call_specs):
             if self.cancel.is_set():
@@ -910,6 +892,9 @@ class AgentService:
                 )
                 guard["failure_signature"] = signature
         if self.cancel.is_set():
+            stopped = self._stopped_because()
+            if stopped:
+                return self._end(TurnReason.ERROR, stopped)
             self.invalidate()  # the runner applies the queued interrupt next
         guard["idle_rounds"] = 0 if progressed else guard.get("idle_rounds", 0) + 1
         if guard.get("repeats", 0) >= repeats_limit:

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from approvals_app import actions as approval_actions
+from tenancy_app.models import Tenant
 
-from ..choices import InputKind, InputStatus, SessionStatus, TurnReason
+from ..choices import InputKind, InputStatus, QueueReason, SessionStatus, TurnReason
 from ..models import Input, RunnerSlice, Session
 from . import approvals, engine, outer_loop, presence
 from .agent import AgentService
@@ -124,6 +125,38 @@ def acquire(session_id) -> uuid.UUID | None:
 def claim(session_id) -> tuple[uuid.UUID | None, bool]:
     """Claim the runner lease: (token or None, whether it was taken over from a lost runner —
     a lease that lapsed without being released, which is when calls can be left unanswered)."""
+    return _claim(session_id)
+
+
+def claim_within_tenant_limit(session_id, tenant_id) -> tuple[uuid.UUID | None, bool, bool]:
+    """`claim`, unless the tenant already runs XAGENT_TENANT_MAX_RUNNING Sessions:
+    (token or None, taken over, refused for the tenant's limit).
+
+    The count and the claim hold the tenant's row lock, so two runners of one tenant starting at
+    once cannot both take its last place. A lease already held (another runner) is not counted
+    against the limit: that claim fails as it always did."""
+    with transaction.atomic():
+        Tenant.objects.select_for_update().filter(pk=tenant_id).values_list("pk", flat=True).first()
+        now = timezone.now()
+        running = (
+            Session.objects.filter(tenant_id=tenant_id, runner_token__isnull=False, lease_expires_at__gte=now)
+            .exclude(pk=session_id)
+            .count()
+        )
+        # An interrupt never waits behind the limit: stopping work frees a place.
+        if (
+            running >= settings.XAGENT_TENANT_MAX_RUNNING
+            and not engine.queued_inputs(session_id, [InputKind.INTERRUPT]).exists()
+        ):
+            held = Session.objects.filter(
+                pk=session_id, runner_token__isnull=False, lease_expires_at__gte=now
+            ).update(wake_requested=True)
+            return None, False, not held
+        token, took_over = _claim(session_id)
+        return token, took_over, False
+
+
+def _claim(session_id) -> tuple[uuid.UUID | None, bool]:
     token = uuid.uuid4()
     now = timezone.now()
     fields = {
@@ -178,13 +211,20 @@ class Progress:
 
 def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = SLICE_MAX_SECONDS) -> str:
     """One bounded slice of work for one Session. Returns what happened (for logs and tests)."""
-    tenant_id = Session.objects.filter(pk=session_id).values_list("tenant_id", flat=True).first()
-    if tenant_id is None:
+    row = Session.objects.filter(pk=session_id).values_list("tenant_id", "status").first()
+    if row is None:
         return "gone"
+    tenant_id, status = row
     presence.ensure_started()  # this process now holds leases: others must be able to see it alive
-    token, took_over = claim(session_id)
+    token, took_over, over_limit = claim_within_tenant_limit(session_id, tenant_id)
+    if over_limit:
+        # Waits as `queued` (with the reason) until one of the tenant's runners is done.
+        engine.queue_for_runner(session_id, QueueReason.TENANT_LIMIT)
+        return "queued"
     if token is None:
         return "busy"
+    if status == SessionStatus.QUEUED:
+        engine.leave_queue(session_id, token)
     audit = RunnerSlice.objects.create(
         tenant_id=tenant_id,
         session_id=session_id,
@@ -237,7 +277,21 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
         )
     if outcome == "yielded":
         wake(session_id)
+    wake_tenant_queue(tenant_id)
     return outcome
+
+
+def wake_tenant_queue(tenant_id, *, limit: int = 1) -> int:
+    """A runner of the tenant is done: wake the Sessions of the tenant that waited longest as
+    `queued` for its limit (round-robin: each gets its turn at the tenant's places)."""
+    waiting = list(
+        Session.objects.filter(tenant_id=tenant_id, status=SessionStatus.QUEUED, runner_token__isnull=True)
+        .order_by("updated_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    for session_id in waiting:
+        wake(session_id)
+    return len(waiting)
 
 
 def _advance(agent: AgentService) -> Progress:
@@ -439,7 +493,28 @@ def recover_stale_sessions() -> int:
     woken = expired | set(stale.values_list("pk", flat=True))
     for session_id in woken:
         wake(session_id)
-    return len(woken)
+    return len(woken) + _wake_queued_within_limits(now)
+
+
+def _wake_queued_within_limits(now) -> int:
+    """Sessions waiting as `queued` for their tenant's limit, as many per tenant as it has free
+    places (a safety net: a finishing runner normally wakes the next one itself)."""
+    waiting = (
+        Session.objects.filter(
+            status=SessionStatus.QUEUED, runner_token__isnull=True, archived_at__isnull=True
+        )
+        .values("tenant_id")
+        .annotate(n=Count("pk"))
+    )
+    woken = 0
+    for row in waiting:
+        running = Session.objects.filter(
+            tenant_id=row["tenant_id"], runner_token__isnull=False, lease_expires_at__gte=now
+        ).count()
+        free = settings.XAGENT_TENANT_MAX_RUNNING - running
+        if free > 0:
+            woken += wake_tenant_queue(row["tenant_id"], limit=free)
+    return woken
 
 
 _timer_lock = threading.Lock()

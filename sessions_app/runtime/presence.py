@@ -27,6 +27,8 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from config.dbconn import hand_back_connections
+
 from ..models import WorkerPresence
 
 logger = logging.getLogger(__name__)
@@ -148,6 +150,7 @@ def _beat_forever(stop: threading.Event, interval: float) -> None:
             except Exception:
                 # A missed beat is survivable (the timeout is several beats); keep trying.
                 logger.warning("presence beat failed", exc_info=True)
+            hand_back_connections()
             if stop.wait(interval):
                 return
     finally:

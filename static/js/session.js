@@ -28,7 +28,7 @@
  */
 (function () {
   "use strict";
-  const { api, apiAll, el, richText, statusLabel, statusBadge, timeElement, clockTime, newIdempotencyKey, formatBytes, filesPanel, goalRun, ApiError } =
+  const { api, apiAll, el, richText, statusLabel, statusReasonText, statusBadge, timeElement, clockTime, newIdempotencyKey, formatBytes, filesPanel, goalRun, ApiError } =
     window.xagent;
 
   const bootNode = document.getElementById("session-boot");
@@ -36,8 +36,8 @@
   const boot = JSON.parse(bootNode.textContent);
   const $ = (id) => document.getElementById(id);
 
-  const INTERRUPTIBLE = new Set(["running", "preparing", "waiting_approval"]); // parked: cancels the approval
-  const WORKING = new Set(["running", "preparing", "waiting_approval", "compressing"]);
+  const INTERRUPTIBLE = new Set(["queued", "running", "preparing", "waiting_approval"]); // parked: cancels the approval
+  const WORKING = new Set(["queued", "running", "preparing", "waiting_approval", "compressing"]);
   const FIRST_INPUT_NOTE_KEY = "xagent.firstInputFailed"; // set by home.js when the goal could not be queued
   const MAX_LOG_ENTRIES = 500;
   const RESULT_PREVIEW_CHARS = 20000;
@@ -125,8 +125,9 @@
     state.status = status;
     ui.status.dataset.status = status;
     ui.statusText.textContent = statusLabel(status);
-    ui.reason.textContent = reason || "";
-    ui.reason.hidden = !reason;
+    const reasonText = statusReasonText(status, reason);
+    ui.reason.textContent = reasonText;
+    ui.reason.hidden = !reasonText;
     ui.interrupt.disabled = !INTERRUPTIBLE.has(status);
     // The phase goal is what a turn works on; once no turn runs it is the last task, not a current one.
     if (ui.phaseGoalState) ui.phaseGoalState.hidden = !WORKING.has(status);

@@ -4,7 +4,21 @@
 (function () {
   "use strict";
 
-  const STATUSES = ["idle", "preparing", "running", "waiting_approval", "compressing", "interrupted", "failed"];
+  const STATUSES = ["idle", "queued", "preparing", "running", "waiting_approval", "compressing", "interrupted", "failed"];
+
+  // Why a Session waits as `queued` (CONTRACT `session.status.reason`), in words.
+  const QUEUE_REASONS = {
+    capacity: "Waiting for a free worker: every worker is busy.",
+    tenant_limit: "Waiting: your organisation already runs as many Sessions at once as it may; this one starts when one of them is done.",
+    quota_exceeded: "Waiting: a usage quota is spent.",
+    provider_unavailable: "Waiting: the model provider is unavailable.",
+  };
+
+  /** The reason line under a status: a queue reason in words, any other reason as given. */
+  function statusReasonText(status, reason) {
+    if (status === "queued" && QUEUE_REASONS[reason]) return QUEUE_REASONS[reason];
+    return reason || "";
+  }
 
   function cookie(name) {
     for (const part of document.cookie ? document.cookie.split(";") : []) {
@@ -250,6 +264,7 @@
 
   window.xagent = {
     STATUSES,
+    statusReasonText,
     ApiError,
     api,
     csrfToken,

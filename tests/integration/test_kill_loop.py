@@ -101,7 +101,8 @@ def test_random_kills_leave_every_session_valid_with_no_lost_input_and_no_double
     for session_id in ids:
         session = Session.objects.get(pk=session_id)
         context = f"seed {seed}, session {session_id}"
-        assert session.status == "idle", context
+        details = list(Turn.objects.filter(session=session).values_list("reason", "reason_detail"))
+        assert session.status == "idle", f"{context}: {session.status_reason}; turns {details}"
         assert session.current_turn_id is None, context
         turns = list(Turn.objects.filter(session=session).order_by("number"))
         assert [t.reason for t in turns] == ["completed", "completed"], context

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import connection as db_connection
 
 from approvals_app.choices import Risk
+from config.dbconn import hand_back_connections
 from tools_app.base import Tool, ToolContext, ToolError, ToolResult
 from tools_app.models import MCPServer
 from tools_app.secrets import tenant_secret_values
@@ -150,4 +151,5 @@ def _wait_for_person(port, call_id: str, server: str, tool: str, message: str, s
         if answer is not None:
             logger.info("input request %s answered %s (%s)", request_id, answer["action"], answer["status"])
             return ElicitAnswer(action=answer["action"] or "decline", content=answer.get("content"))
+        hand_back_connections()  # a person may take minutes: the connection serves others meanwhile
         time.sleep(ELICITATION_POLL_SECONDS)

@@ -186,7 +186,7 @@ def has_pending_work(session: Session) -> bool:
     A turn parked for a human (waiting_approval) is not work: only an interrupt moves it.
     """
     if session.current_turn_id is not None:
-        if session.status in (SessionStatus.RUNNING, SessionStatus.PREPARING):
+        if session.status in (SessionStatus.RUNNING, SessionStatus.PREPARING, SessionStatus.QUEUED):
             return True
         return queued_inputs(session.pk, [InputKind.INTERRUPT, InputKind.APPROVAL_DECISION]).exists()
     return queued_inputs(

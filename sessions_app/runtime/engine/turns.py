@@ -46,6 +46,34 @@ def set_status(session: Session, status: str, reason: str = "") -> None:
     emit(session, "session.status", {"status": status, **({"reason": reason} if reason else {})})
 
 
+# A Session in one of these may wait as `queued`; one preparing, compressing or waiting for a
+# person keeps that status (it says more), and is simply woken again later.
+QUEUEABLE_STATUSES = (
+    SessionStatus.IDLE,
+    SessionStatus.RUNNING,
+    SessionStatus.INTERRUPTED,
+    SessionStatus.FAILED,
+    SessionStatus.QUEUED,
+)
+
+
+def queue_for_runner(session_id, reason: str) -> bool:
+    """The Session has work but no runner may take it now (`reason`: a QueueReason): it shows
+    `queued` with the reason (a `session.status` event) until a runner takes it."""
+    with locked_session(session_id) as session:
+        if session.status not in QUEUEABLE_STATUSES or session.runner_token is not None:
+            return False
+        set_status(session, SessionStatus.QUEUED, reason)
+        return True
+
+
+def leave_queue(session_id, token) -> None:
+    """A runner took a `queued` Session: back to what it was doing (an open turn runs on)."""
+    with locked_session(session_id, token) as session:
+        if session.status == SessionStatus.QUEUED:
+            set_status(session, SessionStatus.RUNNING if session.current_turn_id else SessionStatus.IDLE)
+
+
 def fail_without_turn(session: Session) -> str:
     """A status that says a turn is at work with no turn open (only a lost runner leaves that):
     nothing can be resumed, so the Session is `failed`, with the reason and an `error` event.

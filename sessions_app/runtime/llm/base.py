@@ -39,6 +39,11 @@ class CancelSignal:
         self._callbacks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
+    @property
+    def event(self) -> threading.Event:
+        """The underlying event, for code that waits on a plain `threading.Event` (the sandbox)."""
+        return self._event
+
     def set(self) -> None:
         with self._lock:
             if self._event.is_set():
