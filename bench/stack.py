@@ -12,8 +12,10 @@ import os
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -23,20 +25,45 @@ from websockets.sync.client import connect
 from tests.integration.processes import free_port, running, wait_for_http
 
 
-def worker_command(concurrency: int) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "config", "worker", "--concurrency", str(concurrency)] + [
+def worker_command(concurrency: int | None = None, name: str = "") -> list[str]:
+    """`celery -A config worker` named `<name>@<host>` (default name: bench-<this pid>).
+
+    Without `concurrency` the worker runs the pool and concurrency the settings choose
+    (CELERY_WORKER_POOL, CELERY_WORKER_CONCURRENCY), as production runs it.
+    """
+    command = [sys.executable, "-m", "celery", "-A", "config", "worker"]
+    if concurrency is not None:
+        command += ["--concurrency", str(concurrency)]
+    return command + [
         "--loglevel",
         "WARNING",
         "--without-mingle",
         "--without-gossip",
         "--hostname",
-        f"bench-{os.getpid()}@%h",
+        f"{name or f'bench-{os.getpid()}'}@%h",
     ]
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A running stack: where daphne answers, and the processes that run the Sessions' slices
+    (the Celery workers in production mode; daphne itself, with its in-process worker, in
+    embedded mode)."""
+
+    address: str
+    worker_pids: list[int]
 
 
 @contextmanager
 def live_stack(worker_processes: int = 2) -> Iterator[str]:
     """Serve the product until the block ends; yields "127.0.0.1:<port>" once /healthz answers."""
+    with running_stack(worker_processes) as stack:
+        yield stack.address
+
+
+@contextmanager
+def running_stack(worker_processes: int = 2) -> Iterator[Stack]:
+    """`live_stack`, yielding the Stack (address and worker pids)."""
     from django.conf import settings
 
     port = free_port()
@@ -44,18 +71,28 @@ def live_stack(worker_processes: int = 2) -> Iterator[str]:
     with ExitStack() as stack:
         command = [sys.executable, "manage.py", "runstack", "--port", str(port)]
         web = stack.enter_context(running(command, dict(os.environ), log))
-        if not settings.EMBEDDED:
-            stack.enter_context(workers(worker_processes))
+        pids = [web.pid] if settings.EMBEDDED else stack.enter_context(workers(worker_processes))
         wait_for_http(f"http://127.0.0.1:{port}/healthz", web, log)
-        yield f"127.0.0.1:{port}"
+        yield Stack(f"127.0.0.1:{port}", pids)
 
 
 @contextmanager
-def workers(processes: int) -> Iterator[None]:
-    """`celery -A config worker` (prefork, `processes` children) until the block ends; production mode only."""
-    with running(worker_command(processes), dict(os.environ), _log_dir() / "worker.log"):
+def workers(processes: int) -> Iterator[list[int]]:
+    """`processes` separate `celery -A config worker` processes until the block ends, each with
+    the pool and concurrency the settings choose; yields their pids once every one of them
+    answers. Production mode only."""
+    log_dir = _log_dir()
+    with ExitStack() as stack:
+        names = [f"bench{index}-{os.getpid()}-{uuid.uuid4().hex[:6]}" for index in range(processes)]
+        pids = [
+            stack.enter_context(
+                running(worker_command(name=name), dict(os.environ), log_dir / f"worker-{index}.log")
+            ).pid
+            for index, name in enumerate(names)
+        ]
+        wait_for_workers(names)
         wait_for_worker()
-        yield
+        yield pids
 
 
 def _log_dir() -> Path:
@@ -65,8 +102,6 @@ def _log_dir() -> Path:
 
 def wait_for_worker(timeout_s: float = 60) -> None:
     """Block until a Celery worker answers `config.ping` through the broker (and the shared cache)."""
-    import uuid
-
     from django.core.cache import cache
 
     from config.celery import PING_CACHE_PREFIX, ping
@@ -79,6 +114,21 @@ def wait_for_worker(timeout_s: float = 60) -> None:
             return
         time.sleep(0.1)
     raise RuntimeError(f"no Celery worker answered within {timeout_s:.0f} s")
+
+
+def wait_for_workers(names: list[str], timeout_s: float = 60) -> None:
+    """Block until every worker named (`<name>@host`) answers a remote-control ping."""
+    from config.celery import app
+
+    missing = set(names)
+    deadline = time.monotonic() + timeout_s
+    while missing and time.monotonic() < deadline:
+        for reply in app.control.ping(timeout=0.5):
+            missing.difference_update(hostname.split("@")[0] for hostname in reply)
+    if missing:
+        raise RuntimeError(
+            f"{len(missing)} of {len(names)} Celery workers did not answer within {timeout_s:.0f} s"
+        )
 
 
 def api_client(address: str, key: str) -> httpx.Client:

@@ -56,5 +56,10 @@ SCENARIOS = {
             "prepare",
         ),
         Scenario("mcp_pool", "10. MCP call overhead: pooled session vs a connection per call", "mcp_pool"),
+        Scenario(
+            "slow_model",
+            "11. Slow model (1 s answers): N Sessions × 5 steps, waits overlapped",
+            "slow_model",
+        ),
     )
 }

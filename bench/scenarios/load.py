@@ -1,8 +1,9 @@
 """200 Sessions × 20 steps on 2 worker processes (production mode: PostgreSQL + Redis).
 
-One `celery -A config worker --concurrency 2` (prefork: two processes) with the zero-latency
-model; every Session gets one message asking for 20 tool-call steps, all queued at once. The
-runtime's own scheduling (bounded slices that re-enqueue) shares the workers between them.
+Two `celery -A config worker` processes (each with the pool and concurrency the settings choose,
+bench.stack.workers) with the zero-latency model; every Session gets one message asking for 20
+tool-call steps, all queued at once. The runtime's own scheduling (bounded slices that
+re-enqueue) shares the workers between them.
 
 * steps/s: all tool-call steps / (last turn ended − first message queued);
 * step latency: time between consecutive model calls of one Session (`ModelCall.started_at`),

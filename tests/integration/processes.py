@@ -124,8 +124,9 @@ def wait_for_http(url: str, proc: subprocess.Popen, log_path: Path, deadline_s: 
     raise AssertionError(f"{url} never answered 200 ({last_error}):\n{log_path.read_text(errors='replace')}")
 
 
-def worker_command(name: str) -> list[str]:
-    """A real `celery -A config worker` (threads pool), uniquely named so tests never share one."""
+def worker_command(name: str, concurrency: int = 4) -> list[str]:
+    """A real `celery -A config worker` (threads pool), uniquely named so tests never share one.
+    `concurrency`: Sessions it drives at once (production's default is XAGENT_WORKER_SESSIONS)."""
     import uuid
 
     return [
@@ -138,7 +139,7 @@ def worker_command(name: str) -> list[str]:
         "--pool",
         "threads",
         "--concurrency",
-        "4",
+        str(concurrency),
         "--loglevel",
         "INFO",
         "--hostname",
