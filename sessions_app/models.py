@@ -168,10 +168,19 @@ class Turn(TenantOwnedModel):
     recalled_memory_ids = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # The turn ended and what that moves above the SessionEngine (a delegating MainSession's
+    # report, a goal run's next round) is still to be applied by Brain (runtime/followups.py).
+    # Committed with the turn's end, so a runner lost in between leaves it to the next one.
+    followups_pending = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["id"]
         constraints = [models.UniqueConstraint(fields=["session", "number"], name="unique_turn_number")]
+        indexes = [
+            models.Index(
+                fields=["session"], condition=models.Q(followups_pending=True), name="turn_followups_idx"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"turn {self.number} ({self.reason or 'open'})"

@@ -4,15 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('sessions_app', '0011_input_idempotency_per_caller'),
+        ("sessions_app", "0011_input_idempotency_per_caller"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='session',
-            name='status',
-            field=models.CharField(choices=[('idle', 'Idle'), ('queued', 'Queued'), ('preparing', 'Preparing'), ('running', 'Running'), ('waiting_approval', 'Waiting for approval'), ('compressing', 'Compressing'), ('interrupted', 'Interrupted'), ('failed', 'Failed')], default='idle', max_length=20),
+            model_name="session",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("idle", "Idle"),
+                    ("queued", "Queued"),
+                    ("preparing", "Preparing"),
+                    ("running", "Running"),
+                    ("waiting_approval", "Waiting for approval"),
+                    ("compressing", "Compressing"),
+                    ("interrupted", "Interrupted"),
+                    ("failed", "Failed"),
+                ],
+                default="idle",
+                max_length=20,
+            ),
         ),
     ]

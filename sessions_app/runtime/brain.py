@@ -26,9 +26,10 @@ from approvals_app import actions as approval_actions
 from tenancy_app.models import Tenant
 
 from ..choices import InputKind, InputStatus, QueueReason, SessionStatus, TurnReason
-from ..models import Input, RunnerSlice, Session
-from . import approvals, engine, outer_loop, presence
+from ..models import Input, RunnerSlice, Session, Turn
+from . import approvals, engine, followups, goal_driver, outer_loop, presence
 from .agent import AgentService
+from .scheduling import wake
 
 logger = logging.getLogger(__name__)
 
@@ -101,20 +102,6 @@ def archive(session: Session, user=None) -> None:
 
 
 # --- the lease -------------------------------------------------------------------------------------
-
-
-def wake(session_id) -> None:
-    """Make sure a runner will look at this Session soon.
-
-    If a live runner holds the lease, flag it (it re-checks before releasing); else enqueue one.
-    """
-    flagged = Session.objects.filter(
-        pk=session_id, runner_token__isnull=False, lease_expires_at__gt=timezone.now()
-    ).update(wake_requested=True)
-    if not flagged:
-        from ..tasks import drive_session
-
-        drive_session.delay(str(session_id))
 
 
 def acquire(session_id) -> uuid.UUID | None:
@@ -245,6 +232,9 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
             ).update(ended_at=timezone.now(), outcome="lost")
             # A turn that keeps killing its workers is stopped first; what is left is recovered.
             stop_poisoned_turn(session_id, token)
+            # Before recovery can end a turn: a goal run never goes on by itself after a lost runner.
+            with engine.locked_session(session_id, token) as session:
+                goal_driver.pause_after_recovery(session)
             recovery = engine.recover_lost_runner(session_id, token, rerun_kind=_rerun_kind(tenant_id))
             if recovery.found:
                 logger.info("session %s recovered after a lost runner: %s", session_id, recovery.as_event())
@@ -304,6 +294,9 @@ def _advance(agent: AgentService) -> Progress:
         except engine.StaleSlice:
             return Progress(again=True)
     session_id, token = agent.session_id, agent.token
+    # A turn that ended may move what sits above the engine (a goal run's next round, a parent's
+    # report): applied before the queue is looked at.
+    followups.apply_pending(session_id, token)
     boundary = engine.take_boundary(session_id, token, on_parked=approvals.cancel_waiting)
     if boundary.interrupted:
         agent.interrupted()
@@ -488,6 +481,8 @@ def recover_stale_sessions() -> int:
                 current_turn__isnull=False,
                 pk__in=queued(InputKind.INTERRUPT, InputKind.APPROVAL_DECISION),
             )
+            # A turn ended but what it moves above the engine was not applied (runner lost).
+            | Q(pk__in=Turn.objects.filter(followups_pending=True).values("session_id"))
         )
     )
     woken = expired | set(stale.values_list("pk", flat=True))

@@ -44,6 +44,7 @@ from ..choices import (
 from ..models import Delivery, GoalRun, Input, PlanTask, Session, Turn
 from . import engine
 from .events import emit
+from .scheduling import wake
 
 RECOVERY_PAUSE = "a runner was lost (recovery); resume it to continue"
 OPEN_TASK_STATUSES = (PlanTaskStatus.PENDING, PlanTaskStatus.IN_PROGRESS)
@@ -441,9 +442,7 @@ def _latest_for_update(session: Session) -> GoalRun:
 
 
 def _wake_after_commit(session_id) -> None:
-    from . import brain  # brain imports the engine, which calls this module: import late
-
-    transaction.on_commit(lambda: brain.wake(session_id))
+    transaction.on_commit(lambda: wake(session_id))
 
 
 def _name(user) -> str | None:

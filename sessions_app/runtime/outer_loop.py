@@ -26,10 +26,10 @@ from tools_app.catalog import resolve_available
 from ..choices import InputKind
 from ..models import Input, ModelCall, Session
 from . import engine, orchestrator, understanding
-from .agent import SKILL_SHARE_OF_BUDGET
 from .llm.base import Cancelled, ModelCallFailed, ModelResult
 from .llm.config import EffectiveModel, resolve_model
 from .llm.tokens import context_budget, estimate_message_tokens, estimate_text_tokens
+from .session_port import SKILL_SHARE_OF_BUDGET
 
 logger = logging.getLogger(__name__)
 

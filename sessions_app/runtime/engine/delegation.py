@@ -22,6 +22,7 @@ from tools_app.workspace import copy_file, resolve_in_workspace
 from ...choices import InputKind, SessionKind, TurnReason
 from ...models import Delivery, Input, Session, Turn
 from ..events import emit
+from ..scheduling import wake
 from .fencing import locked_session
 from .sessions import archive_session, create_session, queue_input, workspace_dir, workspace_path
 
@@ -145,10 +146,7 @@ def _uuid_or_none(value):
 
 
 def _wake(session_id) -> None:
-    # Brain sits above SessionEngine (it imports it): reached lazily, after commit only.
-    from ..brain import wake
-
-    wake(session_id)
+    wake(session_id)  # after commit only
 
 
 def delegated_by(turn: Turn) -> str | None:

@@ -17,8 +17,8 @@ The rules, by what the lost runner left:
 - a compaction left pending is promoted when its summary had been validated, else discarded;
 - `running`/`preparing`/`compressing` with no open turn has nothing to resume: `failed`, with an
   `error` event (`recovery_failed`);
-- an active goal run is paused, first, whatever was found (`goal_driver.pause_after_recovery`):
-  only a person resumes it.
+- an active goal run is paused first, whatever is found (Brain calls
+  `goal_driver.pause_after_recovery` before this): only a person resumes it.
 """
 
 from __future__ import annotations
@@ -82,10 +82,8 @@ def recover_lost_runner(session_id, token, rerun_kind: Callable[[str], str] | No
     it nothing is re-run)."""
     rerun_kind = rerun_kind or (lambda name: "")
     with locked_session(session_id, token) as session:
-        from .. import goal_driver  # imported late: the driver builds on the engine
-
-        # Before anything ends a turn here: a goal run never goes on by itself after a lost runner.
-        goal_driver.pause_after_recovery(session)
+        # (Brain paused an active goal run before this: it never goes on by itself after a lost
+        # runner. The engine does not call up into the driver.)
         # The lost runner's tool call was waiting on these: no server is listening for them now.
         cancel_open_requests(session)
         recovery = Recovery()

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from django.utils import timezone
 
 from ...choices import InputKind, Role, SessionKind, SessionStatus, TurnReason
-from ...models import Delivery, Input, Message, Session, Turn
+from ...models import Delivery, GoalRun, Input, Message, Session, Turn
 from .. import deliveries, memory
 from ..events import emit
 from .elicitation import cancel_open_requests
@@ -172,12 +172,21 @@ def input_text(input: Input) -> str:
     return text
 
 
-def end_turn(session: Session, turn: Turn, reason: str, detail: str = "") -> None:
-    """Close a turn (caller holds the lock); the Session status follows the reason."""
+def end_turn(session: Session, turn: Turn, reason: str, detail: str = "") -> bool:
+    """Close a turn (caller holds the lock); the Session status follows the reason.
+
+    The engine only records facts: when the end moves something above it — the report a
+    delegating MainSession waits for, a goal run's next round — the turn is marked
+    `followups_pending` in the same commit and Brain applies them (runtime/followups.py).
+    Returns whether it did."""
     if turn.ended_at is not None:
-        return
+        return False
     turn.reason, turn.reason_detail, turn.ended_at = reason, detail[:1000], timezone.now()
-    turn.save(update_fields=["reason", "reason_detail", "ended_at"])
+    turn.followups_pending = (
+        session.parent_id is not None
+        or GoalRun.objects.filter(session_id=session.pk, status__in=GoalRun.OPEN_STATUSES).exists()
+    )
+    turn.save(update_fields=["reason", "reason_detail", "ended_at", "followups_pending"])
     session.current_turn = None
     Session.objects.filter(pk=session.pk).update(current_turn=None)
     emit(
@@ -186,13 +195,7 @@ def end_turn(session: Session, turn: Turn, reason: str, detail: str = "") -> Non
         {"turn_id": turn.pk, "reason": reason, **({"detail": detail} if detail else {})},
     )
     set_status(session, STATUS_AFTER_TURN[reason], detail if reason != TurnReason.COMPLETED else "")
-    if session.parent_id is not None:
-        from .delegation import report_to_parent  # delegation builds on this module
-
-        report_to_parent(session, turn, reason, detail)
-    from .. import goal_driver  # imported late: the driver builds on the engine
-
-    goal_driver.after_turn(session, turn)  # a goal run's round decides its next one here
+    return turn.followups_pending
 
 
 def fail_turn(session: Session, turn: Turn, *, code: str, reason: str) -> None:

@@ -1,0 +1,282 @@
+"""SliceContext: what a runner slice reads once and reuses step after step, and the process-wide
+cache that hands it to the Session's next slice in this process (history is append-only and
+configuration carries its versions, so a kept context only needs catching up).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+
+from django.conf import settings
+
+from approvals_app import policy as approval_policy
+from skills_app import catalog as skills_catalog
+from tools_app.base import ToolContext
+from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool_names
+from tools_app.registry import DELEGATE_TOOL
+from tools_app.secrets import Redactor, bound_shell_environment, tenant_secret_values
+
+from ..choices import CallPurpose, SessionKind
+from ..models import Checkpoint, ModelCall, Plan, Session, Turn
+from . import approvals, engine, memory
+from .llm.config import EffectiveModel, resolve_model
+from .llm.tokens import (
+    Calibration,
+    context_budget,
+    estimate_message_tokens,
+    estimate_tools_tokens,
+)
+from .session_port import RuntimeSessionPort
+
+logger = logging.getLogger(__name__)
+
+
+class SliceContext:
+    """What a runner slice reads once and reuses step after step: the Session's facts, its
+    model, tools, secrets, policy rules and the request history.
+
+    `refresh` reads (again) at a step boundary: configuration only when its versions changed,
+    history only from the last message it has. Between boundaries, each step's opening commit
+    proves the versions still hold (`RunnerWriter`), so nothing here is re-read per step.
+    """
+
+    def __init__(self, session_id):
+        self.session_id = session_id
+        self.token = None
+        self.writer: engine.RunnerWriter | None = None
+        self.history = engine.RequestHistory()
+        self.session: Session | None = None
+        self.turn_id: int | None = None
+        self.progress = engine.TurnProgress()
+        self.progress_saved = engine.TurnProgress()
+        self.plan: dict | None = None
+        self._configuration_key = None
+        self._system_text = None
+        # Compaction: the committed checkpoint's state, the active turn's anchor, what the
+        # provider last reported, and the history position a compaction could not cut.
+        self.checkpoint_id: int | None = None
+        self.continuity_state: dict | None = None
+        self._anchor_key = None
+        self.anchor_id: int | None = None
+        self.model: EffectiveModel | None = None
+        self.calibration: Calibration | None = None
+        self.compaction_blocked_at: int | None = None
+        # Skills loaded (configuration; the offered ones only as prompt text) and the memories
+        # recalled for the turn.
+        self.loaded_skills: list = []
+        self.memories: list = []
+        self.memory_user_id: int | None = None
+        self._skills_text = ""
+        self.loaded_skill_names: list[str] = []
+
+    @classmethod
+    def for_slice(cls, session_id, token) -> SliceContext:
+        """The context this process kept from the Session's last slice, if any (history is
+        append-only and configuration carries its versions, so it only needs catching up)."""
+        with _kept_lock:
+            context = _kept_contexts.pop(str(session_id), None)
+        context = context or cls(session_id)
+        context.token, context.writer = token, None
+        return context
+
+    def keep(self) -> None:
+        """Hand the context to this Session's next slice in this process. A slice takes it and
+        keeps it back when it ends, so two slices never share one."""
+        self.writer = None
+        with _kept_lock:
+            _kept_contexts[str(self.session_id)] = self
+            _kept_contexts.move_to_end(str(self.session_id))
+            while len(_kept_contexts) > MAX_KEPT_CONTEXTS:
+                _kept_contexts.popitem(last=False)
+
+    @property
+    def current(self) -> bool:
+        return self.writer is not None and self.writer.current and self.turn_id is not None
+
+    def refresh(self, turn_id: int) -> None:
+        session = Session.objects.select_related("model_config", "tenant").get(pk=self.session_id)
+        tenant_version = session.tenant.config_version
+        if self.writer is None:
+            self.writer = engine.RunnerWriter(self.session_id, self.token, session.tenant_id)
+            self.turn_id = None  # a new slice re-reads the turn's progress
+        self.session = session
+        key = (session.config_version, tenant_version, session.model_config_id)
+        if key != self._configuration_key:
+            self._read_configuration(session)
+            self._configuration_key = key
+        if turn_id != self.turn_id or not self.writer.current:
+            turn = Turn.objects.only("steps", "guard_state", "recalled_memory_ids").get(pk=turn_id)
+            self.turn_id = turn_id
+            self.progress = engine.TurnProgress(turn.steps, dict(turn.guard_state))
+            self.progress_saved = engine.TurnProgress(turn.steps, dict(turn.guard_state))
+            self.memory_user_id = engine.memory_user_id(session, engine.turn_author_ids(turn_id))
+            self.memories = memory.texts(session.tenant_id, self.memory_user_id, turn.recalled_memory_ids)
+        plan = Plan.objects.filter(session_id=self.session_id).prefetch_related("tasks").first()
+        self.plan = plan.as_dict() if plan is not None else None
+        self._read_compaction(session, turn_id)
+        self.history.catch_up(self.session_id, session.context_start_message_id, self.anchor_id)
+        self._update_system_prompt()
+        self.writer.observe(
+            last_event_seq=session.last_event_seq,
+            config_version=session.config_version,
+            tenant_config_version=tenant_version,
+        )
+
+    def _read_compaction(self, session: Session, turn_id: int) -> None:
+        """The last compaction's continuity state, and the turn's anchor: its user request when
+        the context start has moved past it (it is sent right after the system prompt)."""
+        if session.context_checkpoint_id != self.checkpoint_id:
+            self.checkpoint_id = session.context_checkpoint_id
+            self.continuity_state = (
+                Checkpoint.objects.filter(pk=self.checkpoint_id).values_list("state", flat=True).first()
+                if self.checkpoint_id
+                else None
+            )
+        key = (turn_id, session.context_start_message_id)
+        if key != self._anchor_key:
+            self._anchor_key = key
+            start = session.context_start_message_id
+            request = engine.turn_request(turn_id) if start else None
+            self.anchor_id = request.pk if request is not None and request.pk < start else None
+        if self.calibration is None:
+            # Calibrated per model: only this model's last report counts.
+            last = (
+                ModelCall.objects.filter(
+                    session_id=self.session_id,
+                    purpose=CallPurpose.AGENT,
+                    model=self.model.model,
+                    prompt_tokens__gt=0,
+                )
+                .order_by("-id")
+                .values("prompt_tokens", "estimated_prompt_tokens", "fact_versions")
+                .first()
+            )
+            facts = (last or {}).get("fact_versions") or {}
+            self.calibration = Calibration(
+                reported=(last or {}).get("prompt_tokens", 0),
+                estimated=facts.get("local_estimate") or (last or {}).get("estimated_prompt_tokens", 0),
+                context_start_id=facts.get("context_start_message_id"),
+            )
+
+    def _read_configuration(self, session: Session) -> None:
+        tenant_id = session.tenant_id
+        model = resolve_model(session)
+        if self.model is None or (model.base_url, model.model) != (self.model.base_url, self.model.model):
+            self.calibration = None  # another model counts differently
+        self.model = model
+        self.budget = context_budget(self.model.context_window, self.model.max_output_tokens)
+        capabilities = engine.session_capabilities(session.pk)
+        # A MainSession coordinates: it may hand tasks to sub-Sessions (which may not).
+        coordinator = session.kind == SessionKind.MAIN
+        self.tools = resolve_available(
+            tenant_id,
+            [*capabilities["tools"], *([DELEGATE_TOOL] if coordinator else [])],
+            capabilities["toolsets"],
+        )
+        if not coordinator:
+            # Not even through a tool set an admin put it in: only a MainSession delegates.
+            self.tools.pop(DELEGATE_TOOL, None)
+        self.loaded_skills = skills_catalog.loaded(tenant_id, capabilities["skills"])
+        self.loaded_skill_names = [skill.name for skill in self.loaded_skills]
+        offered, more = skills_catalog.offered(tenant_id, exclude=self.loaded_skill_names)
+        self._skills_text = engine.skills_text(offered, more, self.loaded_skills)
+        self.tool_schemas = [tool.openai_schema() for tool in self.tools.values()]
+        self.tool_schemas_blob_id = engine.prompt_blob(
+            tenant_id, "tool_schemas", json.dumps(self.tool_schemas, sort_keys=True)
+        )
+        self.tools_tokens = estimate_tools_tokens(self.tool_schemas)
+        self.known_tools = tenant_tool_names(tenant_id)
+        secrets = tenant_secret_values(tenant_id)
+        # Every value of the tenant, bound in this Session or not: a model may echo any it saw.
+        self.redactor = Redactor(secrets.values())
+        self.policy_rules = approval_policy.tenant_rules(tenant_id)
+        shell = "shell_exec" in self.tools
+        # Only what admins wrote (the tool sets' shell environments) carries a secret into a
+        # process, never the model's arguments (ARCHITECTURE §7).
+        bound = bound_shell_environment(tenant_id, capabilities["toolsets"], secrets) if shell else None
+        self.tool_context = ToolContext(
+            session_id=str(self.session_id),
+            tenant_id=tenant_id,
+            workspace=engine.workspace_path(session),
+            port=RuntimeSessionPort(self),
+            env=bound.env if bound else {},
+            env_problem=bound.problem if bound else "",
+            sandbox_limits=sandbox_limits_for(tenant_id) if shell else None,
+        )
+
+    def plan_changed(self, plan: dict) -> None:
+        self.plan = plan
+        self._update_system_prompt()
+
+    def _update_system_prompt(self) -> None:
+        text = engine.system_prompt(
+            self.session,
+            self.plan,
+            engine.continuity_text(self.continuity_state),
+            skills=self._skills_text,
+            memories=engine.memories_text(self.memories),
+        )
+        if text == self._system_text:
+            return
+        self._system_text = text
+        self.history.set_system(text)
+        self.system_blob_id = engine.prompt_blob(self.session.tenant_id, "system_prompt", text)
+        self.system_tokens = estimate_message_tokens({"content": text})
+
+    def request(self) -> engine.AssembledRequest:
+        history = self.history
+        local_estimate = self.system_tokens + history.history_tokens + self.tools_tokens
+        return engine.AssembledRequest(
+            messages=history.messages,
+            tools=self.tool_schemas,
+            model=self.model,
+            system_prompt_blob_id=self.system_blob_id,
+            tool_schemas_blob_id=self.tool_schemas_blob_id,
+            first_message_id=history.first_id,
+            last_message_id=history.last_id,
+            message_count=history.count,
+            messages_digest=history.digest,
+            fact_versions={
+                "config_version": self.writer.config_version,
+                "tenant_config_version": self.writer.tenant_config_version,
+                "plan_version": (self.plan or {}).get("version", 0),
+                "context_start_message_id": history.context_start_id,
+                "checkpoint_id": self.checkpoint_id,
+                "anchor_message_id": history.anchor_id,
+                "local_estimate": local_estimate,
+                "budget": self.budget,
+                "skills": {skill.name: skill.version for skill in self.loaded_skills},
+                "memory_ids": [m.pk for m in self.memories],
+            },
+            # What the budget is checked against: the provider's last report plus our estimate
+            # of what was added since (llm/tokens.py).
+            estimated_tokens=self.calibration.count(local_estimate, history.context_start_id),
+        )
+
+    def calibrate(self, request: engine.AssembledRequest, usage: dict) -> None:
+        """The provider reported what `request` really cost: later counts start from that."""
+        reported = int(usage.get("prompt_tokens") or 0)
+        if reported > 0:
+            self.calibration = Calibration(
+                reported=reported,
+                estimated=request.fact_versions["local_estimate"],
+                context_start_id=request.fact_versions["context_start_message_id"],
+            )
+
+    @property
+    def fixed_tokens(self) -> int:
+        """What a request holds besides the history from the context start."""
+        return self.system_tokens + self.tools_tokens + self.history.anchor_tokens
+
+    def approval_verdict(self, tool, args: dict, ctx):
+        """ToolService's approval stage, on the rules the slice loaded."""
+        return approvals.verdict_for(ctx.tenant_id, tool, args, rules=self.policy_rules)
+
+
+# Contexts kept between slices: one per Session a worker process may be driving.
+MAX_KEPT_CONTEXTS = max(64, settings.XAGENT_WORKER_SESSIONS, settings.XAGENT_EMBEDDED_WORKER_THREADS)
+_kept_contexts: OrderedDict[str, SliceContext] = OrderedDict()
+_kept_lock = threading.Lock()
