@@ -121,8 +121,9 @@ class AgentService:
             self.context.keep()
 
     def watch_interrupts(self) -> None:
-        """Until the slice pauses: an interrupt sets `cancel`, and the lease is kept alive."""
-        self._watch()
+        """Until the slice pauses: an interrupt sets `cancel`, and the lease is kept alive. What
+        follows (a turn's preparation) counts as a step for the step time limit."""
+        self._step_starts()
 
     def _watch(self) -> None:
         if self._watcher is None:
@@ -336,11 +337,13 @@ class AgentService:
         spec = approvals.call_spec(approval, approval.call_id)
         if approval.status == ApprovalStatus.APPROVED:
             if approval_actions.do_claim_execution(approval):
+                self._step_starts()  # the approved call runs watched: interrupts, lease, time limit
+                hand_back_connections()
                 outcome = self.tool_service.execute(
                     approval.call_id,
                     spec["name"],
                     json.dumps(approval.arguments),
-                    context.tool_context,
+                    dataclasses.replace(context.tool_context, cancel=self.cancel.event),
                     context.tools,
                     approved=True,
                 )
@@ -384,7 +387,7 @@ class AgentService:
         if found is None:
             return False
         assistant_message_id, calls = found
-        self._watch()
+        self._step_starts()
         self._run_calls(assistant_message_id, calls)
         return True
 

@@ -51,6 +51,9 @@ class Watched:
     step_started: float = field(default_factory=time.monotonic)
     # Why the watcher fired the signal itself ("" while it has not): a stopped step or a lost lease.
     stopped_because: str = ""
+    # False once the slice stopped watching: from then on the watcher never fires its signal (a
+    # beat that raced the slice's own release must not read as a lost lease).
+    active: bool = True
 
     def step_started_now(self) -> None:
         self.step_started = time.monotonic()
@@ -77,7 +80,17 @@ class _Watcher:
 
     def forget(self, entry: Watched) -> None:
         with self._lock:
+            entry.active = False
             self._watched.pop(id(entry), None)
+
+    def fire(self, entry: Watched, because: str = "") -> None:
+        """Fire a watched slice's signal, unless it stopped watching meanwhile."""
+        with self._lock:
+            if not entry.active:
+                return
+            if because:
+                entry.stopped_because = because
+        entry.cancel.set()
 
     def watched(self) -> list[Watched]:
         with self._lock:
@@ -118,11 +131,11 @@ class _Watcher:
         interrupted = {str(session_id) for session_id in interrupted}
         for entry in live:
             if str(entry.session_id) in interrupted:
-                entry.cancel.set()
+                self.fire(entry)
             elif now - entry.step_started > limit:
-                entry.stopped_because = f"the step ran longer than {limit:g} s (XAGENT_STEP_TIME_LIMIT)"
-                logger.warning("session %s: %s; stopping it", entry.session_id, entry.stopped_because)
-                entry.cancel.set()
+                because = f"the step ran longer than {limit:g} s (XAGENT_STEP_TIME_LIMIT)"
+                logger.warning("session %s: %s; stopping it", entry.session_id, because)
+                self.fire(entry, because)
             elif entry.beats:
                 keep_alive.append(entry)
         # Beat well inside the lease, so a slow model call never lets it lapse.
@@ -143,10 +156,9 @@ class _Watcher:
             for pk, token in Session.objects.filter(held).values_list("pk", "runner_token")
         }
         for entry in entries:
-            if (str(entry.session_id), str(entry.token)) not in still_held:
-                entry.stopped_because = "its runner lease was lost"
+            if (str(entry.session_id), str(entry.token)) not in still_held and entry.active:
                 logger.warning("session %s: lease lost while its step ran", entry.session_id)
-                entry.cancel.set()
+                self.fire(entry, "its runner lease was lost")
 
 
 _watcher = _Watcher()
