@@ -20,6 +20,7 @@ from django.conf import settings
 from openai import Stream
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from config.dbconn import hand_back_connections
 from tools_app.net import guarded_transport, refusal_in
 
 from .base import Cancelled, CancelSignal, EncodedMessages, ModelCallFailed, ModelResult
@@ -223,6 +224,9 @@ class OpenAIChatProvider:
         on_delta: Callable[[str], None] | None = None,
         cancel: CancelSignal | None = None,
     ) -> ModelResult:
+        # Every model call is a wait of seconds (the agent's steps, the outer loop's and the
+        # summary's calls alike): the thread's pooled database connection serves others meanwhile.
+        hand_back_connections()
         errors: list[str] = []
         attempts, timeout = _limits_for(purpose)
         for attempt in range(1, attempts + 1):
