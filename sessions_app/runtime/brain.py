@@ -123,7 +123,12 @@ def claim_within_tenant_limit(session_id, tenant_id) -> tuple[uuid.UUID | None, 
     once cannot both take its last place. A lease already held (another runner) is not counted
     against the limit: that claim fails as it always did."""
     with transaction.atomic():
-        Tenant.objects.select_for_update().filter(pk=tenant_id).values_list("pk", flat=True).first()
+        # FOR NO KEY UPDATE: claimers of one tenant queue behind each other, but a runner's commit
+        # (its rows' foreign keys take KEY SHARE on the tenant while it holds its Session's row)
+        # never waits on it — with FOR UPDATE the two deadlocked.
+        Tenant.objects.select_for_update(no_key=True).filter(pk=tenant_id).values_list(
+            "pk", flat=True
+        ).first()
         now = timezone.now()
         running = (
             Session.objects.filter(tenant_id=tenant_id, runner_token__isnull=False, lease_expires_at__gte=now)
@@ -205,8 +210,11 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
     presence.ensure_started()  # this process now holds leases: others must be able to see it alive
     token, took_over, over_limit = claim_within_tenant_limit(session_id, tenant_id)
     if over_limit:
-        # Waits as `queued` (with the reason) until one of the tenant's runners is done.
+        # Waits as `queued` (with the reason) until one of the tenant's runners is done. One that
+        # finished while this was being written could not see it: look once more.
         engine.queue_for_runner(session_id, QueueReason.TENANT_LIMIT)
+        if _running_in_tenant(tenant_id) < settings.XAGENT_TENANT_MAX_RUNNING:
+            wake(session_id)
         return "queued"
     if token is None:
         return "busy"
@@ -269,6 +277,12 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
         wake(session_id)
     wake_tenant_queue(tenant_id)
     return outcome
+
+
+def _running_in_tenant(tenant_id) -> int:
+    return Session.objects.filter(
+        tenant_id=tenant_id, runner_token__isnull=False, lease_expires_at__gte=timezone.now()
+    ).count()
 
 
 def wake_tenant_queue(tenant_id, *, limit: int = 1) -> int:
@@ -503,10 +517,7 @@ def _wake_queued_within_limits(now) -> int:
     )
     woken = 0
     for row in waiting:
-        running = Session.objects.filter(
-            tenant_id=row["tenant_id"], runner_token__isnull=False, lease_expires_at__gte=now
-        ).count()
-        free = settings.XAGENT_TENANT_MAX_RUNNING - running
+        free = settings.XAGENT_TENANT_MAX_RUNNING - _running_in_tenant(row["tenant_id"])
         if free > 0:
             woken += wake_tenant_queue(row["tenant_id"], limit=free)
     return woken
