@@ -69,6 +69,16 @@ def mcp_servers_dir(settings, searchable_mcp_servers_root) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def fresh_shared_configuration():
+    """Tenants' shared runtime configuration is keyed by (tenant id, configuration version),
+    which repeat across rolled-back tests: start each test with none."""
+    from sessions_app.runtime import slice_context
+
+    with slice_context._shared_lock:
+        slice_context._shared.clear()
+
+
+@pytest.fixture(autouse=True)
 def fresh_rate_limits():
     """Rate-limit counters are keyed by row ids, which repeat across rolled-back tests: start
     each test with none (process-local cache only; Redis-mode ids do not repeat)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
@@ -143,6 +143,9 @@ def claim_within_tenant_limit(session_id, tenant_id) -> tuple[uuid.UUID | None, 
             held = Session.objects.filter(
                 pk=session_id, runner_token__isnull=False, lease_expires_at__gte=now
             ).update(wake_requested=True)
+            if not held:
+                # Waits again: a later free place may pick it (`wake_tenant_queue`).
+                Session.objects.filter(pk=session_id, runner_token__isnull=True).update(wake_requested=False)
             return None, False, not held
         token, took_over = _claim(session_id)
         return token, took_over, False
@@ -218,8 +221,6 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
         return "queued"
     if token is None:
         return "busy"
-    if status == SessionStatus.QUEUED:
-        engine.leave_queue(session_id, token)
     audit = RunnerSlice.objects.create(
         tenant_id=tenant_id,
         session_id=session_id,
@@ -232,6 +233,8 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
     outcome = "released"
     deadline = time.monotonic() + max_seconds
     try:
+        if status == SessionStatus.QUEUED:
+            engine.leave_queue(session_id, token)
         if took_over:
             # Only a lost runner (a crash, a killed worker) leaves calls open: settle what it
             # left (ARCHITECTURE §6), and close its audit row, which it never could.
@@ -285,17 +288,28 @@ def _running_in_tenant(tenant_id) -> int:
     ).count()
 
 
-def wake_tenant_queue(tenant_id, *, limit: int = 1) -> int:
+def wake_tenant_queue(tenant_id, *, limit: int = 1, again: bool = False) -> int:
     """A runner of the tenant is done: wake the Sessions of the tenant that waited longest as
-    `queued` for its limit (round-robin: each gets its turn at the tenant's places)."""
-    waiting = list(
-        Session.objects.filter(tenant_id=tenant_id, status=SessionStatus.QUEUED, runner_token__isnull=True)
-        .order_by("updated_at")
-        .values_list("pk", flat=True)[:limit]
-    )
-    for session_id in waiting:
+    `queued` for its limit (each gets its turn at the tenant's places, oldest first).
+
+    A woken Session is marked (`wake_requested`, unused while no runner holds its lease) in the
+    same transaction that picks it, rows locked by another picker skipped, so runners that end
+    together wake different Sessions; a claim clears the mark. `again`: the sweep's safety net,
+    which also wakes marked ones (a wake whose task was lost)."""
+    with transaction.atomic():
+        waiting = Session.objects.filter(
+            tenant_id=tenant_id, status=SessionStatus.QUEUED, runner_token__isnull=True
+        ).order_by("updated_at")
+        if not again:
+            waiting = waiting.filter(wake_requested=False)
+        if connection.features.has_select_for_update_skip_locked:
+            waiting = waiting.select_for_update(skip_locked=True)
+        picked = list(waiting.values_list("pk", flat=True)[:limit])
+        if picked:
+            Session.objects.filter(pk__in=picked).update(wake_requested=True)
+    for session_id in picked:
         wake(session_id)
-    return len(waiting)
+    return len(picked)
 
 
 def _advance(agent: AgentService) -> Progress:
@@ -491,6 +505,8 @@ def recover_stale_sessions() -> int:
                     InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.SESSION_EVENT, InputKind.INTERRUPT
                 ),
             )
+            # (one waiting for its tenant's limit is woken below, as places free)
+            & ~Q(status=SessionStatus.QUEUED)
             | Q(
                 current_turn__isnull=False,
                 pk__in=queued(InputKind.INTERRUPT, InputKind.APPROVAL_DECISION),
@@ -519,7 +535,7 @@ def _wake_queued_within_limits(now) -> int:
     for row in waiting:
         free = settings.XAGENT_TENANT_MAX_RUNNING - _running_in_tenant(row["tenant_id"])
         if free > 0:
-            woken += wake_tenant_queue(row["tenant_id"], limit=free)
+            woken += wake_tenant_queue(row["tenant_id"], limit=free, again=True)
     return woken
 
 

@@ -105,7 +105,7 @@ class SliceContext:
         self.session = session
         key = (session.config_version, tenant_version, session.model_config_id)
         if key != self._configuration_key:
-            self._read_configuration(session)
+            self._read_configuration(session, tenant_version)
             self._configuration_key = key
         if turn_id != self.turn_id or not self.writer.current:
             turn = Turn.objects.only("steps", "guard_state", "recalled_memory_ids").get(pk=turn_id)
@@ -161,9 +161,16 @@ class SliceContext:
                 context_start_id=facts.get("context_start_message_id"),
             )
 
-    def _read_configuration(self, session: Session) -> None:
+    def _read_configuration(self, session: Session, tenant_version: int) -> None:
+        """Read the Session's configuration. What depends only on the tenant's configuration
+        (its version changes with every model, tool, tool set, MCP server, secret, skill or policy
+        saved) is shared by the tenant's Sessions in this process (`shared_configuration`): a
+        burst of new Sessions of one tenant reads it once, not once each."""
         tenant_id = session.tenant_id
-        model = resolve_model(session)
+        version = (tenant_id, tenant_version)
+        model = shared_configuration(
+            ("model", *version, session.model_config_id), lambda: resolve_model(session)
+        )
         if self.model is None or (model.base_url, model.model) != (self.model.base_url, self.model.model):
             self.calibration = None  # another model counts differently
         self.model = model
@@ -171,40 +178,70 @@ class SliceContext:
         capabilities = engine.session_capabilities(session.pk)
         # A MainSession coordinates: it may hand tasks to sub-Sessions (which may not).
         coordinator = session.kind == SessionKind.MAIN
-        self.tools = resolve_available(
-            tenant_id,
-            [*capabilities["tools"], *([DELEGATE_TOOL] if coordinator else [])],
-            capabilities["toolsets"],
+        chosen_tools, chosen_sets = tuple(capabilities["tools"]), tuple(capabilities["toolsets"])
+
+        def tools():
+            available = resolve_available(
+                tenant_id, [*chosen_tools, *([DELEGATE_TOOL] if coordinator else [])], list(chosen_sets)
+            )
+            if not coordinator:
+                # Not even through a tool set an admin put it in: only a MainSession delegates.
+                available.pop(DELEGATE_TOOL, None)
+            schemas = [tool.openai_schema() for tool in available.values()]
+            blob_id = engine.prompt_blob(tenant_id, "tool_schemas", json.dumps(schemas, sort_keys=True))
+            return available, schemas, blob_id, estimate_tools_tokens(schemas)
+
+        available, self.tool_schemas, self.tool_schemas_blob_id, self.tools_tokens = shared_configuration(
+            ("tools", *version, chosen_tools, chosen_sets, coordinator), tools
         )
-        if not coordinator:
-            # Not even through a tool set an admin put it in: only a MainSession delegates.
-            self.tools.pop(DELEGATE_TOOL, None)
-        self.loaded_skills = skills_catalog.loaded(tenant_id, capabilities["skills"])
-        self.loaded_skill_names = [skill.name for skill in self.loaded_skills]
-        offered, more = skills_catalog.offered(tenant_id, exclude=self.loaded_skill_names)
-        self._skills_text = engine.skills_text(offered, more, self.loaded_skills)
-        self.tool_schemas = [tool.openai_schema() for tool in self.tools.values()]
-        self.tool_schemas_blob_id = engine.prompt_blob(
-            tenant_id, "tool_schemas", json.dumps(self.tool_schemas, sort_keys=True)
+        self.tools = dict(available)  # the Session's own copy of the mapping
+
+        def skills():
+            loaded = skills_catalog.loaded(tenant_id, capabilities["skills"])
+            names = [skill.name for skill in loaded]
+            offered, more = skills_catalog.offered(tenant_id, exclude=names)
+            return loaded, names, engine.skills_text(offered, more, loaded)
+
+        self.loaded_skills, names, self._skills_text = shared_configuration(
+            ("skills", *version, tuple(capabilities["skills"])), skills
         )
-        self.tools_tokens = estimate_tools_tokens(self.tool_schemas)
-        self.known_tools = tenant_tool_names(tenant_id)
-        secrets = tenant_secret_values(tenant_id)
-        # Every value of the tenant, bound in this Session or not: a model may echo any it saw.
-        self.redactor = Redactor(secrets.values())
-        self.policy_rules = approval_policy.tenant_rules(tenant_id)
+        self.loaded_skill_names = list(names)
+
+        def tenant():
+            secrets = tenant_secret_values(tenant_id)
+            # Every value of the tenant, bound in this Session or not: a model may echo any it saw.
+            return (
+                tenant_tool_names(tenant_id),
+                secrets,
+                Redactor(secrets.values()),
+                approval_policy.tenant_rules(tenant_id),
+            )
+
+        self.known_tools, secrets, self.redactor, self.policy_rules = shared_configuration(
+            ("tenant", *version), tenant
+        )
         shell = "shell_exec" in self.tools
         # Only what admins wrote (the tool sets' shell environments) carries a secret into a
         # process, never the model's arguments (ARCHITECTURE §7).
-        bound = bound_shell_environment(tenant_id, capabilities["toolsets"], secrets) if shell else None
+        bound, limits = (
+            shared_configuration(
+                ("shell", *version, chosen_sets),
+                lambda: (
+                    bound_shell_environment(tenant_id, list(chosen_sets), secrets),
+                    sandbox_limits_for(tenant_id),
+                ),
+            )
+            if shell
+            else (None, None)
+        )
         self.tool_context = ToolContext(
             session_id=str(self.session_id),
             tenant_id=tenant_id,
             workspace=engine.workspace_path(session),
             port=RuntimeSessionPort(self),
-            env=bound.env if bound else {},
+            env=dict(bound.env) if bound else {},
             env_problem=bound.problem if bound else "",
-            sandbox_limits=sandbox_limits_for(tenant_id) if shell else None,
+            sandbox_limits=limits,
         )
 
     def plan_changed(self, plan: dict) -> None:
@@ -277,6 +314,28 @@ class SliceContext:
 
 
 # Contexts kept between slices: one per Session a worker process may be driving.
+# What Sessions of one tenant share of their configuration, keyed by (kind, tenant id, the
+# tenant's configuration version, ...): a saved change makes a new version, so an entry is never
+# stale, only unused (and evicted, least recently used first).
+MAX_SHARED_CONFIGURATIONS = 512
+_shared: OrderedDict[tuple, object] = OrderedDict()
+_shared_lock = threading.Lock()
+
+
+def shared_configuration(key: tuple, build):
+    """The value for `key`, built once per process (two threads may both build it at first)."""
+    with _shared_lock:
+        if key in _shared:
+            _shared.move_to_end(key)
+            return _shared[key]
+    value = build()
+    with _shared_lock:
+        _shared[key] = value
+        while len(_shared) > MAX_SHARED_CONFIGURATIONS:
+            _shared.popitem(last=False)
+    return value
+
+
 MAX_KEPT_CONTEXTS = max(64, settings.XAGENT_WORKER_SESSIONS, settings.XAGENT_EMBEDDED_WORKER_THREADS)
 _kept_contexts: OrderedDict[str, SliceContext] = OrderedDict()
 _kept_lock = threading.Lock()

@@ -85,6 +85,7 @@ class MCPTool(Tool):
             raise ToolError(f"the MCP server {server.name!r} is disabled", code="tool_unavailable")
         try:
             conn = connection_for(server, tenant_secret_values(server.tenant_id))
+            hand_back_connections()  # the call is a wait: the process's few connections serve others
             remote = call_tool(
                 conn,
                 self.remote_name,

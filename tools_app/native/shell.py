@@ -28,6 +28,7 @@ import dataclasses
 import threading
 
 from approvals_app.choices import Risk
+from config.dbconn import hand_back_connections
 
 from ..base import Tool, ToolContext, ToolError, ToolResult
 from ..sandbox import quota as sandbox_quota
@@ -196,6 +197,7 @@ class ShellExec(Tool):
             cancel = None
 
         quota_limits = WorkspaceQuota.from_settings()
+        hand_back_connections()  # the command is a wait: the process's few connections serve others
         run = run_sandboxed(
             args["command"], ctx.workspace, limits, env=env, cancel=cancel, quota=quota_limits
         )
