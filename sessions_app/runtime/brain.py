@@ -115,9 +115,10 @@ def claim(session_id) -> tuple[uuid.UUID | None, bool]:
     return _claim(session_id)
 
 
-def claim_within_tenant_limit(session_id, tenant_id) -> tuple[uuid.UUID | None, bool, bool]:
+def claim_within_tenant_limit(session_id, tenant_id) -> tuple[uuid.UUID | None, bool, bool, bool]:
     """`claim`, unless the tenant already runs XAGENT_TENANT_MAX_RUNNING Sessions:
-    (token or None, taken over, refused for the tenant's limit).
+    (token or None, taken over, refused for the tenant's limit, admitted over the limit only to
+    apply an interrupt).
 
     The count and the claim hold the tenant's row lock, so two runners of one tenant starting at
     once cannot both take its last place. A lease already held (another runner) is not counted
@@ -135,20 +136,18 @@ def claim_within_tenant_limit(session_id, tenant_id) -> tuple[uuid.UUID | None, 
             .exclude(pk=session_id)
             .count()
         )
+        full = running >= settings.XAGENT_TENANT_MAX_RUNNING
         # An interrupt never waits behind the limit: stopping work frees a place.
-        if (
-            running >= settings.XAGENT_TENANT_MAX_RUNNING
-            and not engine.queued_inputs(session_id, [InputKind.INTERRUPT]).exists()
-        ):
+        if full and not engine.queued_inputs(session_id, [InputKind.INTERRUPT]).exists():
             held = Session.objects.filter(
                 pk=session_id, runner_token__isnull=False, lease_expires_at__gte=now
             ).update(wake_requested=True)
             if not held:
                 # Waits again: a later free place may pick it (`wake_tenant_queue`).
                 Session.objects.filter(pk=session_id, runner_token__isnull=True).update(wake_requested=False)
-            return None, False, not held
+            return None, False, not held, False
         token, took_over = _claim(session_id)
-        return token, took_over, False
+        return token, took_over, False, full
 
 
 def _claim(session_id) -> tuple[uuid.UUID | None, bool]:
@@ -211,7 +210,7 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
         return "gone"
     tenant_id, status = row
     presence.ensure_started()  # this process now holds leases: others must be able to see it alive
-    token, took_over, over_limit = claim_within_tenant_limit(session_id, tenant_id)
+    token, took_over, over_limit, interrupt_only = claim_within_tenant_limit(session_id, tenant_id)
     if over_limit:
         # Waits as `queued` (with the reason) until one of the tenant's runners is done. One that
         # finished while this was being written could not see it: look once more.
@@ -250,6 +249,15 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
             if recovery.found:
                 logger.info("session %s recovered after a lost runner: %s", session_id, recovery.as_event())
         while True:
+            if interrupt_only and consumed:
+                # Let in over the tenant's limit for the interrupt alone: what is queued behind it
+                # waits for a place like any other work.
+                agent.pause()
+                release(session_id, token, keep_if_work=False)
+                if _has_work(session_id):
+                    engine.queue_for_runner(session_id, QueueReason.TENANT_LIMIT)
+                outcome = "interrupted_over_limit"
+                break
             if steps >= max_steps or time.monotonic() >= deadline or _handing_over.is_set():
                 agent.pause()
                 release(session_id, token, keep_if_work=False)
@@ -280,6 +288,11 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
         wake(session_id)
     wake_tenant_queue(tenant_id)
     return outcome
+
+
+def _has_work(session_id) -> bool:
+    session = Session.objects.filter(pk=session_id).first()
+    return session is not None and engine.has_pending_work(session)
 
 
 def _running_in_tenant(tenant_id) -> int:

@@ -159,7 +159,7 @@ def test_an_interrupt_is_applied_to_a_queued_session_even_at_the_limit(
 
     brain.interrupt(waiting)
     assert woken == [waiting.pk]
-    assert brain.drive(waiting.pk) == "released"
+    assert brain.drive(waiting.pk) == "interrupted_over_limit"
 
     waiting.refresh_from_db()
     assert (waiting.status, waiting.runner_token, waiting.current_turn_id) == ("interrupted", None, None)
@@ -231,3 +231,23 @@ def test_runners_that_end_together_wake_different_waiting_sessions(
         brain.wake_tenant_queue(tenant_a.pk)
 
     assert woken == [waiting[0].pk, waiting[1].pk]
+
+
+def test_a_session_let_in_over_the_limit_for_an_interrupt_does_not_start_its_next_turn(
+    tenant_a, owner_a, model_config_a, model_server, woken
+):
+    holder, waiting = new_session(tenant_a, owner_a, title="holder"), new_session(tenant_a, owner_a)
+    brain.acquire(holder.pk)  # A's one place is taken by a live runner
+    an_open_turn_without_a_runner(waiting)
+    send(waiting, "the next task")  # queued behind the open turn
+    assert brain.drive(waiting.pk) == "queued"
+
+    brain.interrupt(waiting)
+    assert brain.drive(waiting.pk) == "interrupted_over_limit"
+
+    waiting.refresh_from_db()
+    # The interrupt was applied; the next message waits for a place like any other work.
+    assert (waiting.status, waiting.status_reason, waiting.runner_token) == ("queued", "tenant_limit", None)
+    assert waiting.current_turn_id is None
+    assert Input.objects.filter(session=waiting, kind="message", status="queued").count() == 1
+    assert not model_server.requests_for("agent")
