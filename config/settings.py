@@ -310,8 +310,15 @@ CELERY_BEAT_SCHEDULE = {
 # its model or on an I/O-bound tool holds a thread, which costs memory (≈ a few hundred KiB), not
 # a CPU. The embedded in-process worker uses the same pool (XAGENT_EMBEDDED_WORKER_THREADS).
 XAGENT_WORKER_SESSIONS = _positive_int("XAGENT_WORKER_SESSIONS", 200)
-CELERY_WORKER_POOL = "threads"
-CELERY_WORKER_CONCURRENCY = XAGENT_WORKER_SESSIONS
+# `prefork` (one Session per process, Celery's time limits enforced) is still there for whoever
+# wants it; Celery ignores `--pool prefork` on the command line when the configuration names a
+# pool, so it is chosen here. Its concurrency then defaults to the CPU count (or --concurrency).
+XAGENT_WORKER_POOL = _read("XAGENT_WORKER_POOL", env.str, "threads")
+if XAGENT_WORKER_POOL not in ("threads", "prefork", "solo"):
+    raise ImproperlyConfigured("Invalid value for environment variable XAGENT_WORKER_POOL: use threads, prefork or solo")
+CELERY_WORKER_POOL = XAGENT_WORKER_POOL
+if XAGENT_WORKER_POOL == "threads":
+    CELERY_WORKER_CONCURRENCY = XAGENT_WORKER_SESSIONS
 # Connections of one worker process's pool (PostgreSQL): its threads share them, each holding
 # one only between waits. 2 keeps a deployment's connections at ≈ 2 per worker process.
 XAGENT_WORKER_DB_CONNECTIONS = _positive_int("XAGENT_WORKER_DB_CONNECTIONS", 2)

@@ -9,7 +9,8 @@ What it does for a watched slice:
 - an interrupt queued for its Session fires the slice's `CancelSignal` (within INTERRUPT_POLL_S),
   which closes a model stream at once and stops the calls not yet started;
 - its lease is extended well inside the lease, so a slow model or tool never lets it lapse;
-  a lease found lost (another runner took over) fires the signal too;
+  a lease found lost (another runner took over) is no longer extended, and the slice's next
+  fenced commit refuses to write;
 - a step that has run longer than XAGENT_STEP_TIME_LIMIT is stopped: the signal fires and the
   lease is no longer extended, so it lapses and the recovery sweep hands the Session to a fresh
   runner, which settles the call left open (an `interrupted` result the model can reason about,
@@ -157,8 +158,11 @@ class _Watcher:
         }
         for entry in entries:
             if (str(entry.session_id), str(entry.token)) not in still_held and entry.active:
-                logger.warning("session %s: lease lost while its step ran", entry.session_id)
-                self.fire(entry, "its runner lease was lost")
+                # Not beaten again; the slice learns it at its next fenced commit (LeaseLost), which
+                # writes nothing. Not cancelled from here: a commit the watcher cannot see yet
+                # (another connection's open transaction) must not stop a live step.
+                logger.warning("session %s: lease not held while its step ran", entry.session_id)
+                entry.beats = False
 
 
 _watcher = _Watcher()

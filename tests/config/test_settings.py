@@ -161,6 +161,18 @@ class TestEmbeddedDefault:
 
 
 class TestProduction:
+    def test_pooling_off_keeps_persistent_connections_with_health_checks(self):
+        s = load_settings(**production_env(), XAGENT_DB_POOL_SIZE="0", CONN_MAX_AGE="60")
+
+        assert "pool" not in s["options"]
+        assert s["conn_health_checks"] is True
+
+    def test_persistent_connections_beside_a_pool_are_refused_by_name(self):
+        result = run_python("-c", SHOW_SETTINGS, **production_env(), CONN_MAX_AGE="60")
+
+        assert result.returncode != 0
+        assert "CONN_MAX_AGE" in result.stderr and "XAGENT_DB_POOL_SIZE=0" in result.stderr
+
     def test_redis_url_switches_to_production_services(self):
         s = load_settings(**production_env())
 
@@ -168,7 +180,9 @@ class TestProduction:
         assert s["engine"] == "django.db.backends.postgresql"
         assert (s["name"], s["host"]) == ("xagent", "db.example.com")
         assert "init_command" not in s["options"]
-        assert s["conn_health_checks"] is True
+        # Connections come from a bounded pool per process (psycopg_pool discards broken ones).
+        assert s["options"]["pool"] == {"min_size": 1, "max_size": 10, "timeout": 60.0}
+        assert s["conn_health_checks"] is False
         assert s["broker"] == "redis://127.0.0.1:6379/0"
         assert s["channel_layer"] == "channels_redis.core.RedisChannelLayer"
         assert s["in_memory_layer"] is False

@@ -190,6 +190,8 @@ def test_a_slice_past_its_soft_time_limit_ends_its_turn_with_that_reason(
     )
     env = {
         **database_env_for_workers(),
+        # Celery ignores `--pool prefork` when the configuration names a pool: chosen here.
+        "XAGENT_WORKER_POOL": "prefork",
         "XAGENT_SLICE_SOFT_TIME_LIMIT": str(SOFT_LIMIT),
         "XAGENT_SLICE_TIME_LIMIT": "60",
     }
