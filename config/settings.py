@@ -315,7 +315,9 @@ XAGENT_WORKER_SESSIONS = _positive_int("XAGENT_WORKER_SESSIONS", 200)
 # pool, so it is chosen here. Its concurrency then defaults to the CPU count (or --concurrency).
 XAGENT_WORKER_POOL = _read("XAGENT_WORKER_POOL", env.str, "threads")
 if XAGENT_WORKER_POOL not in ("threads", "prefork", "solo"):
-    raise ImproperlyConfigured("Invalid value for environment variable XAGENT_WORKER_POOL: use threads, prefork or solo")
+    raise ImproperlyConfigured(
+        "Invalid value for environment variable XAGENT_WORKER_POOL: use threads, prefork or solo"
+    )
 CELERY_WORKER_POOL = XAGENT_WORKER_POOL
 if XAGENT_WORKER_POOL == "threads":
     CELERY_WORKER_CONCURRENCY = XAGENT_WORKER_SESSIONS
