@@ -67,8 +67,10 @@ def _signature(name: str, arguments: str) -> str:
 
 
 class AgentService:
-    def __init__(self, session_id, token, heartbeat=None):
-        self.session_id, self.token, self.heartbeat = session_id, token, heartbeat
+    def __init__(self, session_id, token, *, holds_lease: bool = False):
+        """`holds_lease`: the slice holds the Session's runner lease (Brain's runner), so the
+        process's watcher extends it while the slice works."""
+        self.session_id, self.token, self.holds_lease = session_id, token, holds_lease
         self.context = SliceContext.for_slice(session_id, token)
         self.cancel = CancelSignal()
         self._watcher: watch.Watched | None = None
@@ -127,9 +129,7 @@ class AgentService:
 
     def _watch(self) -> None:
         if self._watcher is None:
-            self._watcher = watch.watch(
-                self.session_id, self.token, self.cancel, beats=self.heartbeat is not None
-            )
+            self._watcher = watch.watch(self.session_id, self.token, self.cancel, beats=self.holds_lease)
 
     def _stop_watching(self) -> None:
         if self._watcher is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from approvals_app import actions as approval_actions
@@ -109,12 +109,6 @@ def acquire(session_id) -> uuid.UUID | None:
     return claim(session_id)[0]
 
 
-def claim(session_id) -> tuple[uuid.UUID | None, bool]:
-    """Claim the runner lease: (token or None, whether it was taken over from a lost runner —
-    a lease that lapsed without being released, which is when calls can be left unanswered)."""
-    return _claim(session_id)
-
-
 def claim_within_tenant_limit(session_id, tenant_id) -> tuple[uuid.UUID | None, bool, bool, bool]:
     """`claim`, unless the tenant already runs XAGENT_TENANT_MAX_RUNNING Sessions:
     (token or None, taken over, refused for the tenant's limit, admitted over the limit only to
@@ -131,12 +125,7 @@ def claim_within_tenant_limit(session_id, tenant_id) -> tuple[uuid.UUID | None, 
             "pk", flat=True
         ).first()
         now = timezone.now()
-        running = (
-            Session.objects.filter(tenant_id=tenant_id, runner_token__isnull=False, lease_expires_at__gte=now)
-            .exclude(pk=session_id)
-            .count()
-        )
-        full = running >= settings.XAGENT_TENANT_MAX_RUNNING
+        full = _running_in_tenant(tenant_id, besides=session_id) >= settings.XAGENT_TENANT_MAX_RUNNING
         # An interrupt never waits behind the limit: stopping work frees a place.
         if full and not engine.queued_inputs(session_id, [InputKind.INTERRUPT]).exists():
             held = Session.objects.filter(
@@ -146,11 +135,13 @@ def claim_within_tenant_limit(session_id, tenant_id) -> tuple[uuid.UUID | None, 
                 # Waits again: a later free place may pick it (`wake_tenant_queue`).
                 Session.objects.filter(pk=session_id, runner_token__isnull=True).update(wake_requested=False)
             return None, False, not held, False
-        token, took_over = _claim(session_id)
+        token, took_over = claim(session_id)
         return token, took_over, False, full
 
 
-def _claim(session_id) -> tuple[uuid.UUID | None, bool]:
+def claim(session_id) -> tuple[uuid.UUID | None, bool]:
+    """Claim the runner lease: (token or None, whether it was taken over from a lost runner —
+    a lease that lapsed without being released, which is when calls can be left unanswered)."""
     token = uuid.uuid4()
     now = timezone.now()
     fields = {
@@ -166,14 +157,6 @@ def _claim(session_id) -> tuple[uuid.UUID | None, bool]:
         return token, True
     sessions.update(wake_requested=True)
     return None, False
-
-
-def heartbeat(session_id, token) -> None:
-    extended = Session.objects.filter(pk=session_id, runner_token=token).update(
-        lease_expires_at=timezone.now() + engine.lease_duration()
-    )
-    if not extended:
-        raise engine.LeaseLost(f"session {session_id}: lease lost")
 
 
 def release(session_id, token, *, keep_if_work: bool = True) -> bool:
@@ -227,7 +210,7 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
         worker=presence.holder_id(),
         started_at=timezone.now(),
     )
-    agent = AgentService(session_id, token, heartbeat=lambda: heartbeat(session_id, token))
+    agent = AgentService(session_id, token, holds_lease=True)
     steps = consumed = 0
     outcome = "released"
     deadline = time.monotonic() + max_seconds
@@ -295,10 +278,15 @@ def _has_work(session_id) -> bool:
     return session is not None and engine.has_pending_work(session)
 
 
-def _running_in_tenant(tenant_id) -> int:
-    return Session.objects.filter(
-        tenant_id=tenant_id, runner_token__isnull=False, lease_expires_at__gte=timezone.now()
-    ).count()
+def _running_in_tenant(tenant_id, *, besides=None) -> int:
+    """Sessions of the tenant whose runner holds a live lease (`besides`: not counting that one)."""
+    return (
+        Session.objects.filter(
+            tenant_id=tenant_id, runner_token__isnull=False, lease_expires_at__gte=timezone.now()
+        )
+        .exclude(pk=besides)
+        .count()
+    )
 
 
 def wake_tenant_queue(tenant_id, *, limit: int = 1, again: bool = False) -> int:
@@ -531,24 +519,24 @@ def recover_stale_sessions() -> int:
     woken = expired | set(stale.values_list("pk", flat=True))
     for session_id in woken:
         wake(session_id)
-    return len(woken) + _wake_queued_within_limits(now)
+    return len(woken) + _wake_queued_within_limits()
 
 
-def _wake_queued_within_limits(now) -> int:
+def _wake_queued_within_limits() -> int:
     """Sessions waiting as `queued` for their tenant's limit, as many per tenant as it has free
     places (a safety net: a finishing runner normally wakes the next one itself)."""
-    waiting = (
+    tenants = (
         Session.objects.filter(
             status=SessionStatus.QUEUED, runner_token__isnull=True, archived_at__isnull=True
         )
-        .values("tenant_id")
-        .annotate(n=Count("pk"))
+        .values_list("tenant_id", flat=True)
+        .distinct()
     )
     woken = 0
-    for row in waiting:
-        free = settings.XAGENT_TENANT_MAX_RUNNING - _running_in_tenant(row["tenant_id"])
+    for tenant_id in tenants:
+        free = settings.XAGENT_TENANT_MAX_RUNNING - _running_in_tenant(tenant_id)
         if free > 0:
-            woken += wake_tenant_queue(row["tenant_id"], limit=free, again=True)
+            woken += wake_tenant_queue(tenant_id, limit=free, again=True)
     return woken
 
 
