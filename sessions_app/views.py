@@ -14,7 +14,7 @@ from tenancy_app.access import SESSION_TENANT_KEY, resolve_membership
 from tools_app.registry import DELEGATE_TOOL, default_tool_names
 
 from .api.serializers import GoalRunCreateSerializer, GoalRunSerializer
-from .choices import MemoryKind, SessionKind
+from .choices import MemoryKind, SessionKind, SessionStatus
 from .models import Session
 from .runtime import goal_driver
 
@@ -33,7 +33,11 @@ def favicon(request):
 @login_required
 def home(request):
     """The tenant's Sessions (listed by static/js/home.js from the API) and a new-session form."""
-    return render(request, "workspace/home.html", {"embedded": settings.EMBEDDED})
+    return render(
+        request,
+        "workspace/home.html",
+        {"embedded": settings.EMBEDDED, "session_statuses": SessionStatus.choices},
+    )
 
 
 @login_required

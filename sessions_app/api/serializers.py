@@ -75,6 +75,7 @@ class SessionSerializer(serializers.ModelSerializer):
             "phase_goal",
             "created_at",
             "updated_at",
+            "archived_at",
             "capabilities",
             "usage",
             "model_label",
@@ -89,6 +90,7 @@ class SessionSerializer(serializers.ModelSerializer):
             "phase_goal",
             "created_at",
             "updated_at",
+            "archived_at",
         ]
 
     def __init__(self, *args, **kwargs):

@@ -76,14 +76,18 @@ class SessionViewSet(
     mixins.DestroyModelMixin,
     TenantScopedViewSet,
 ):
-    queryset = Session.objects.filter(archived_at__isnull=True).select_related("model_config")
+    queryset = Session.objects.select_related("model_config")
     pagination_class = SessionListPagination
     serializer_class = SessionSerializer
+    # An archived Session keeps its data (for audit) but leaves the work routes: it can be listed
+    # (`?archived=true`), read, renamed and restored; anything else answers 404 until restored.
+    ARCHIVED_ACTIONS = frozenset({"list", "retrieve", "partial_update", "restore"})
 
     @extend_schema(
         parameters=[
             OpenApiParameter("status", str, enum=SessionStatus.values),
             OpenApiParameter("search", str, description="in title and goals"),
+            OpenApiParameter("archived", bool, description="true: the archived Sessions only"),
         ]
     )
     def list(self, request, *args, **kwargs):
@@ -93,8 +97,11 @@ class SessionViewSet(
         queryset = super().get_queryset()
         if self.action in ("list", "retrieve"):
             queryset = queryset.prefetch_related("capabilities")  # one query per page, not per row
+        if self.action not in self.ARCHIVED_ACTIONS:
+            queryset = queryset.filter(archived_at__isnull=True)
         if self.action != "list":
             return queryset  # ?status= on sub-resources (approvals) means their own status
+        queryset = queryset.filter(archived_at__isnull=not self._wants_archived())
         wanted = self.request.query_params.get("status")
         if wanted:
             if wanted not in SessionStatus.values:
@@ -146,6 +153,21 @@ class SessionViewSet(
 
     def perform_destroy(self, instance):
         brain.archive(instance, user=self.request.user)
+
+    @extend_schema(request=None, responses=SessionDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def restore(self, request, pk=None):
+        """Un-archive: the Session is back in the lists and its routes, as it was."""
+        session = self.get_object()
+        engine.restore_session(session.pk)
+        session = self.get_queryset().get(pk=session.pk)
+        return Response(SessionDetailSerializer(session, context=self.get_serializer_context()).data)
+
+    def _wants_archived(self) -> bool:
+        raw = self.request.query_params.get("archived", "false").strip().lower()
+        if raw not in ("true", "false", "1", "0", ""):
+            raise serializers.ValidationError({"archived": "Use true or false."})
+        return raw in ("true", "1")
 
     @extend_schema(
         request=InputCreateSerializer,

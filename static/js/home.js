@@ -22,6 +22,9 @@
   const formError = document.getElementById("new-session-error");
   const filesInput = document.getElementById("new-session-files");
   const uploadList = document.getElementById("new-session-uploads");
+  const searchInput = document.getElementById("session-search");
+  const statusFilter = document.getElementById("session-status-filter");
+  const archivedToggle = document.getElementById("session-archived");
 
   const REFRESH_MS = 60000;
   const FIRST_INPUT_NOTE_KEY = "xagent.firstInputFailed"; // read by session.js
@@ -70,15 +73,113 @@
           : null
       ),
       statusBadge(session.status),
-      el("span", { className: "session-updated muted" }, "updated ", timeElement(session.updated_at))
+      el("span", { className: "session-updated muted" }, "updated ", timeElement(session.updated_at)),
+      rowActions(session)
     );
   }
 
-  async function load({ append = false } = {}) {
-    if (loading) return;
+  /** Rename and archive (restore, for an archived one): each a PATCH / DELETE / POST of the
+   * Sessions API, then the list is read again, so the row shows what the server kept. */
+  function rowActions(session) {
+    const url = `${endpoint}${encodeURIComponent(session.id)}/`;
+    const title = session.title || "Untitled session";
+    const actions = el("span", { className: "session-actions" });
+    const act = async (button, request, done) => {
+      button.disabled = true;
+      try {
+        await request();
+        await load({ note: done });
+      } catch (exc) {
+        state.hidden = false;
+        state.textContent = exc instanceof ApiError ? exc.describe() : String(exc);
+        button.disabled = false;
+      }
+    };
+    const rename = el("button", {
+      className: "secondary small",
+      text: "Rename",
+      dataset: { testid: "rename-session" },
+      attrs: { type: "button", "aria-label": `Rename “${title}”` },
+    });
+    rename.addEventListener("click", () => {
+      const input = el("input", {
+        attrs: { type: "text", maxlength: "200", value: session.title || "", "aria-label": "New title" },
+        dataset: { testid: "rename-input" },
+      });
+      const save = el("button", { className: "small", text: "Save", attrs: { type: "submit" }, dataset: { testid: "rename-save" } });
+      const cancel = el("button", { className: "secondary small", text: "Cancel", attrs: { type: "button" } });
+      const editor = el("form", { className: "rename-form" }, input, save, cancel);
+      cancel.addEventListener("click", () => editor.replaceWith(actions));
+      editor.addEventListener("submit", (event) => {
+        event.preventDefault();
+        const wanted = input.value.trim();
+        if (!wanted) {
+          state.hidden = false;
+          state.textContent = "A Session needs a title.";
+          input.focus();
+          return;
+        }
+        act(save, () => api(url, { method: "PATCH", body: { title: wanted } }), `Renamed to “${wanted}”.`);
+      });
+      actions.replaceWith(editor);
+      input.focus();
+      input.select();
+    });
+    if (session.archived_at) {
+      const restore = el("button", {
+        className: "secondary small",
+        text: "Restore",
+        dataset: { testid: "restore-session" },
+        attrs: { type: "button", "aria-label": `Restore “${title}”` },
+      });
+      restore.addEventListener("click", () =>
+        act(restore, () => api(`${url}restore/`, { method: "POST" }), `Restored “${title}”.`)
+      );
+      actions.append(rename, restore);
+    } else {
+      const archive = el("button", {
+        className: "secondary small",
+        text: "Archive",
+        dataset: { testid: "archive-session" },
+        attrs: {
+          type: "button",
+          "aria-label": `Archive “${title}”`,
+          title: "Out of the list; its data is kept and it can be restored (tick “Archived” to find it)",
+        },
+      });
+      archive.addEventListener("click", () =>
+        act(archive, () => api(url, { method: "DELETE" }), `Archived “${title}”. Tick “Archived” to find or restore it.`)
+      );
+      actions.append(rename, archive);
+    }
+    return actions;
+  }
+
+  /** The list's URL for what the filters say: ?search=, ?status=, ?archived=true. */
+  function listUrl() {
+    const query = new URLSearchParams();
+    const term = searchInput.value.trim();
+    if (term) query.set("search", term);
+    if (statusFilter.value) query.set("status", statusFilter.value);
+    if (archivedToggle.checked) query.set("archived", "true");
+    const text = query.toString();
+    return text ? `${endpoint}?${text}` : endpoint;
+  }
+
+  // A rename being typed is not replaced by a live reload of the list.
+  const editing = () => Boolean(list.querySelector(".rename-form"));
+  const filtering = () => Boolean(searchInput.value.trim() || statusFilter.value);
+
+  let loadAgain = false; // the filters changed while a page was loading: read again after it
+  // `note`: what an action just did, said above the list (kept when the list is then empty).
+  async function load({ append = false, note = "" } = {}) {
+    if (loading) {
+      if (!append) loadAgain = true;
+      return;
+    }
     loading = true;
     try {
-      const page = await api(append && nextUrl ? nextUrl : endpoint);
+      const page = await api(append && nextUrl ? nextUrl : listUrl());
       const rows = (page.results || []).map(sessionRow);
       if (append) {
         list.append(...rows);
@@ -90,8 +191,17 @@
       nextUrl = page.next || null;
       more.hidden = !nextUrl;
       const count = list.children.length;
-      state.textContent = count ? "" : "No Sessions yet. Create one to get started.";
-      state.hidden = count > 0;
+      const empty = count
+        ? ""
+        : archivedToggle.checked
+          ? filtering()
+            ? "No archived Session matches."
+            : "No archived Sessions."
+          : filtering()
+            ? "No Session matches. Clear the search to see them all."
+            : "No Sessions yet. Create one to get started.";
+      state.textContent = [note, empty].filter(Boolean).join(" ");
+      state.hidden = !state.textContent;
     } catch (exc) {
       state.hidden = false;
       state.textContent =
@@ -100,6 +210,10 @@
           : `Could not load Sessions: ${exc.message}`;
     } finally {
       loading = false;
+      if (loadAgain) {
+        loadAgain = false;
+        load();
+      }
     }
   }
 
@@ -246,6 +360,19 @@
     }
   });
 
+  // Typing searches after a pause; the status and "Archived" apply at once.
+  let searchTimer = null;
+  searchInput.addEventListener("input", () => {
+    window.clearTimeout(searchTimer);
+    searchTimer = window.setTimeout(() => load(), 250);
+  });
+  statusFilter.addEventListener("change", () => load());
+  archivedToggle.addEventListener("change", () => load());
+  document.getElementById("session-filters").addEventListener("submit", (event) => {
+    event.preventDefault();
+    window.clearTimeout(searchTimer);
+    load();
+  });
   more.addEventListener("click", () => load({ append: true }));
   refresh.addEventListener("click", () => load());
 
@@ -254,7 +381,7 @@
   // first page", coalesced, and never while more pages are open (that would drop them).
   let reloadTimer = null;
   function reloadSoon() {
-    if (pagesLoaded > 1 || reloadTimer) return;
+    if (pagesLoaded > 1 || reloadTimer || editing()) return;
     reloadTimer = window.setTimeout(() => {
       reloadTimer = null;
       load();
@@ -284,7 +411,7 @@
 
   // A safety net for a socket that is up but silent (e.g. a proxy dropping frames).
   window.setInterval(() => {
-    if (document.visibilityState === "visible" && pagesLoaded <= 1) load();
+    if (document.visibilityState === "visible" && pagesLoaded <= 1 && !editing()) load();
   }, REFRESH_MS);
 
   load();

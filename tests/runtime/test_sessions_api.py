@@ -37,7 +37,48 @@ def test_create_list_retrieve_update_archive(api_owner_a):
     assert [s["id"] for s in listed["results"]] == [body["id"]] and "next" in listed
     assert api_owner_a.patch(url, {"title": "Renamed"}, format="json").json()["title"] == "Renamed"
     assert api_owner_a.delete(url).status_code == 204
-    assert_error_shape(api_owner_a.get(url), 404, "not_found")
+    # Archived: out of the list and the work routes, still readable (data kept for audit).
+    assert api_owner_a.get(url).json()["archived_at"] is not None
+    assert body["id"] not in [s["id"] for s in api_owner_a.get("/api/v1/sessions/").json()["results"]]
+    assert_error_shape(api_owner_a.post(f"{url}inputs/", {"text": "hi"}, format="json"), 404, "not_found")
+
+
+def test_archive_list_rename_and_restore(api_owner_a, session_a, tenant_a, owner_a):
+    other = new_session(tenant_a, owner_a, title="Quarterly numbers")
+    url = f"/api/v1/sessions/{session_a.pk}/"
+    assert api_owner_a.delete(url).status_code == 204
+
+    def listed(query=""):
+        return [s["id"] for s in api_owner_a.get(f"/api/v1/sessions/{query}").json()["results"]]
+
+    assert listed() == [str(other.pk)]
+    assert listed("?archived=true") == [str(session_a.pk)]
+    assert listed("?archived=true&search=acme") == [str(session_a.pk)]
+    assert listed("?archived=true&search=quarterly") == []
+    assert_error_shape(api_owner_a.get("/api/v1/sessions/?archived=maybe"), 400, "validation_error")
+    # Renamed while archived, then restored as it was.
+    assert api_owner_a.patch(url, {"title": "Acme report (old)"}, format="json").status_code == 200
+    restored = api_owner_a.post(f"{url}restore/")
+    assert restored.status_code == 200, restored.content
+    assert restored.json()["archived_at"] is None and restored.json()["title"] == "Acme report (old)"
+    assert sorted(listed()) == sorted([str(session_a.pk), str(other.pk)])
+    assert listed("?archived=true") == []
+    types = list(SessionEvent.objects.filter(session=session_a).values_list("type", flat=True))
+    assert types[-2:] == ["session.archived", "session.restored"]
+    # Restoring what is not archived changes nothing and says so with the same answer.
+    assert api_owner_a.post(f"{url}restore/").json()["archived_at"] is None
+    assert SessionEvent.objects.filter(session=session_a, type="session.restored").count() == 1
+    # And work goes on in it.
+    assert api_owner_a.post(f"{url}inputs/", {"text": "hi"}, format="json").status_code == 202
+
+
+def test_another_tenant_cannot_see_or_restore_an_archived_session(api_owner_a, api_outsider_b, session_a):
+    assert api_owner_a.delete(f"/api/v1/sessions/{session_a.pk}/").status_code == 204
+    assert_error_shape(api_outsider_b.post(f"/api/v1/sessions/{session_a.pk}/restore/"), 404, "not_found")
+    assert_error_shape(api_outsider_b.get(f"/api/v1/sessions/{session_a.pk}/"), 404, "not_found")
+    assert_list_excludes(api_outsider_b, "/api/v1/sessions/?archived=true", str(session_a.pk))
+    session_a.refresh_from_db()
+    assert session_a.archived_at is not None
 
 
 def test_bad_bodies_get_clear_errors(api_owner_a, session_a):

@@ -173,6 +173,18 @@ def archive_session(session_id) -> bool:
         return session.current_turn_id is not None
 
 
+def restore_session(session_id) -> bool:
+    """Bring an archived Session back into the lists and routes, as it was (its turn, if one was
+    open, was interrupted when it was archived). True when it was archived."""
+    with locked_session(session_id) as session:
+        if session.archived_at is None:
+            return False
+        session.archived_at = None
+        session.save(update_fields=["archived_at", "updated_at"])
+        emit(session, "session.restored", {})
+        return True
+
+
 def queued_inputs(session_id, kinds=None):
     qs = Input.objects.filter(session_id=session_id, status=InputStatus.QUEUED)
     if kinds is not None:
