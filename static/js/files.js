@@ -349,7 +349,7 @@
       const row = el(
         "li",
         { className: "upload", dataset: { testid: "upload", state: "waiting", name } },
-        el("span", { className: "upload-name", text: name }),
+        el("span", { className: "upload-name", text: name, attrs: { title: name } }),
         progress,
         status,
         dismiss
@@ -365,7 +365,11 @@
         done(result) {
           row.dataset.state = "done";
           progress.value = 1;
-          status.textContent = result && result.path && result.path !== name ? `uploaded as ${result.path}` : "uploaded";
+          // The server keeps a safe name (no folders in it, within the file system's length):
+          // when that is not the name given, say so and what it became.
+          status.textContent =
+            result && result.path && result.path !== name ? `uploaded — the name was changed to ${result.path}` : "uploaded";
+          status.title = status.textContent;
           setTimeout(() => row.remove(), DONE_UPLOAD_VISIBLE_MS);
         },
         failed(message) {

@@ -232,7 +232,7 @@
     const row = el(
       "li",
       { className: "upload", dataset: { testid: "upload", state: "waiting", name: file.name } },
-      el("span", { className: "upload-name", text: file.name }),
+      el("span", { className: "upload-name", text: file.name, attrs: { title: file.name } }),
       progress,
       status
     );
@@ -246,7 +246,8 @@
       done(path) {
         row.dataset.state = "done";
         progress.value = 1;
-        status.textContent = path && path !== file.name ? `uploaded as ${path}` : `uploaded (${formatBytes(file.size)})`;
+        status.textContent =
+          path && path !== file.name ? `uploaded — the name was changed to ${path}` : `uploaded (${formatBytes(file.size)})`;
       },
       failed(message) {
         row.dataset.state = "error";

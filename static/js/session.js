@@ -686,6 +686,31 @@
     );
   }
 
+  // A message longer than this (characters or lines) shows its start, with "Show all".
+  const LONG_MESSAGE_CHARS = 3000;
+  const LONG_MESSAGE_LINES = 40;
+
+  /** A message's body; a long one collapsed to its start, with a button that shows it all. */
+  function messageBody(content) {
+    const body = el("div", { className: "message-body" }, richText(content));
+    const lines = content.split("\n").length;
+    if (content.length <= LONG_MESSAGE_CHARS && lines <= LONG_MESSAGE_LINES) return [body];
+    body.classList.add("collapsed");
+    const size = `${content.length.toLocaleString()} characters, ${lines.toLocaleString()} line${lines === 1 ? "" : "s"}`;
+    const toggle = el("button", {
+      className: "link small message-expand",
+      text: `Show all (${size})`,
+      dataset: { testid: "show-all" },
+      attrs: { type: "button", "aria-expanded": "false" },
+    });
+    toggle.addEventListener("click", () => {
+      const collapsed = body.classList.toggle("collapsed");
+      toggle.textContent = collapsed ? `Show all (${size})` : "Show less";
+      toggle.setAttribute("aria-expanded", collapsed ? "false" : "true");
+    });
+    return [body, toggle];
+  }
+
   function renderMessage(message) {
     if (message.role === "tool") {
       toolResult(message);
@@ -707,7 +732,7 @@
       extra = "delegated";
     }
     const item = messageShell(message, extra);
-    if (content) item.append(el("div", { className: "message-body" }, richText(content)));
+    if (content) item.append(...messageBody(content));
     if (message.role === "assistant" && (message.tool_calls || []).length) {
       const tools = el("div", { className: "tool-cards" });
       for (const call of message.tool_calls) {
@@ -2573,9 +2598,36 @@
     return state.ws && state.ws.readyState === WebSocket.OPEN;
   }
 
+  // The API's limit on one input (InputCreateSerializer); the page counts against it as you type.
+  const INPUT_MAX = Number(ui.input.dataset.maxLength) || 100000;
+  const INPUT_COUNT_FROM = 0.8; // the count shows from this share of the limit on
+  const composerCount = $("composer-count");
+
+  /** The live count under the message box; over the limit Send is disabled and says why. */
+  function updateInputCount() {
+    const length = ui.input.value.length;
+    const over = length - INPUT_MAX;
+    composerCount.hidden = length < INPUT_MAX * INPUT_COUNT_FROM;
+    composerCount.classList.toggle("error", over > 0);
+    composerCount.textContent =
+      over > 0
+        ? `${length.toLocaleString()} / ${INPUT_MAX.toLocaleString()} characters: ${over.toLocaleString()} over the limit. ` +
+          "Shorten it, or upload the text as a file (Files → Upload…) and ask the agent to read it."
+        : `${length.toLocaleString()} / ${INPUT_MAX.toLocaleString()} characters`;
+    ui.send.dataset.blocked = over > 0 ? "too-long" : "";
+    ui.send.title = over > 0 ? "The message is over the limit: see the count under the box" : "";
+    ui.send.setAttribute("aria-disabled", over > 0 ? "true" : "false");
+  }
+
   async function send() {
     const text = ui.input.value;
     if (!text.trim()) {
+      note("Type a message first: an empty message is not sent.");
+      ui.input.focus();
+      return;
+    }
+    if (text.length > INPUT_MAX) {
+      note(`Not sent: the message is ${(text.length - INPUT_MAX).toLocaleString()} characters over the limit.`, true);
       ui.input.focus();
       return;
     }
@@ -2595,6 +2647,7 @@
         note(kind === "guidance" ? "Guidance queued." : "Message queued.");
       }
       ui.input.value = "";
+      updateInputCount();
     } catch (exc) {
       note(`Not sent: ${exc instanceof ApiError ? exc.describe() : exc}`, true);
     } finally {
@@ -2631,6 +2684,11 @@
     }
   });
   ui.interrupt.addEventListener("click", interrupt);
+  ui.input.addEventListener("input", () => {
+    updateInputCount();
+    // A note about the last attempt ("Type a message first", "over the limit") is answered by typing.
+    if (ui.note.textContent.startsWith("Type a message") || ui.note.textContent.includes("over the limit")) note("");
+  });
 
   // --- files ----------------------------------------------------------------------------------
 
