@@ -39,6 +39,9 @@ class SessionPort(Protocol):
 
     def capabilities(self) -> dict: ...
 
+    def goal_claim(self, status: str, reason: str) -> dict:
+        """During a goal run's round: the agent's claim (`complete` / `blocked`) as recorded."""
+
     def add_capabilities(self, tools: list[str], toolsets: list[str]) -> dict: ...
 
     def load_skills(self, refs: list[str]) -> dict: ...

@@ -10,6 +10,7 @@ from .base import Tool
 from .native.delegation import SessionDelegate
 from .native.discovery import ToolsFind, ToolsSelect
 from .native.files import FsDeleteFiles, FsEdit, FsList, FsRead, FsWrite
+from .native.goal import GOAL_TOOL, UpdateGoal
 from .native.memory import MemorySave, MemorySearch
 from .native.plan import PlanCreate, PlanUpdate, TaskComplete
 from .native.shell import ShellExec
@@ -34,6 +35,7 @@ NATIVE_TOOLS: dict[str, Tool] = {
         MemorySearch(),
         ShellExec(),
         SessionDelegate(),
+        UpdateGoal(),
     )
 }
 
@@ -56,9 +58,11 @@ _DEFAULT_TOOL_NAMES = (
 
 
 # A MainSession's coordinator tool: the runtime gives it to MainSessions, by their kind, and to
-# nothing else; it is never found, selected, orchestrated or reached through a tool set.
+# nothing else; `update_goal` (GOAL_TOOL) only to a goal run's rounds. Neither is ever found,
+# selected, orchestrated or reached through a tool set.
 DELEGATE_TOOL = "session_delegate"
-KIND_BOUND_TOOLS = frozenset({DELEGATE_TOOL})
+KIND_BOUND_TOOLS = frozenset({DELEGATE_TOOL, GOAL_TOOL})
+__all__ = ["DELEGATE_TOOL", "GOAL_TOOL", "KIND_BOUND_TOOLS", "NATIVE_TOOLS", "default_tool_names"]
 
 
 def default_tool_names() -> list[str]:

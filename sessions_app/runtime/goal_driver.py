@@ -5,16 +5,25 @@ A round is an ordinary `message` input of the Session (payload `goal_run_id`, `r
 in the queue like any message, runs as one turn through the same runner, tools and approvals,
 and nothing about it bypasses a confirmation (a parked turn simply has not ended yet). When a
 round's turn ends, SessionEngine calls `after_turn` in the same transaction (the Session row
-locked), and the driver decides from facts the product holds, never from what the model says:
+locked), and the driver decides from the agent's claim checked against facts the product holds
+(the xAgent / DeepSeek Harness way). The claim is the round's last `update_goal` call
+(`complete` or `blocked`, with a reason), committed as that call's result before the agent wrote
+its closing answer:
 
 1. the turn did not end `completed` (blocked, max_tokens, aborted, error, interrupted) -> stop;
 2. the tokens the Session spent since the run started reach the budget -> stop;
 3. the wall-clock time since the run started reaches its budget -> stop;
-4. the turn's delivery record is clean (every check passed, no unresolved failure) and no plan
-   task is pending or in progress -> done;
-5. the round limit is reached -> stop;
-6. else continue: the next round is queued, its text naming what the last delivery record and
-   the plan still show open.
+4. the agent said `blocked` -> stop, with its reason;
+5. the agent said `complete` and the facts agree (the round's delivery record clean: every check
+   passed, no unresolved failure; no plan task of this run pending or in progress; no
+   sub-Session still working) -> done;
+6. the round limit is reached -> stop (saying whether the agent never claimed completion or
+   what disagreed with its claim);
+7. else continue: the next round is queued, its text naming each disagreement with the claim,
+   or, without one, what the records still show open.
+
+A round that did nothing is never `done`: without the agent's claim the run goes on, and
+nothing the product records can stand in for it.
 
 Budgets are checked between rounds, not inside one: a round runs to its end.
 
@@ -27,10 +36,14 @@ person resumes (`resume`) or stops (`stop`) the run.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
+
+from tools_app.registry import GOAL_TOOL
 
 from ..choices import (
     GoalDecision,
@@ -38,10 +51,12 @@ from ..choices import (
     InputKind,
     InputStatus,
     PlanTaskStatus,
+    Role,
     SessionKind,
+    SessionStatus,
     TurnReason,
 )
-from ..models import Delivery, GoalRun, Input, PlanTask, Session, Turn
+from ..models import Delivery, GoalRun, Input, Message, PlanTask, Session, Turn
 from . import engine
 from .events import emit
 from .scheduling import wake
@@ -252,6 +267,8 @@ def _decide(session: Session, run: GoalRun, turn: Turn | None, *, resumed: bool 
     elapsed = now - run.started_at
     ended = run.rounds_done
     facts = _open_facts(session, turn, run.started_at)
+    claim = _claim_of(turn)
+    said = f" ({claim['reason']})" if claim else ""
     if session.archived_at is not None:
         decision, reason = GoalDecision.STOP, "the Session was archived"
     elif turn is not None and turn.reason != TurnReason.COMPLETED and not resumed:
@@ -262,21 +279,38 @@ def _decide(session: Session, run: GoalRun, turn: Turn | None, *, resumed: bool 
     elif elapsed.total_seconds() >= run.wall_clock_seconds:
         decision = GoalDecision.STOP
         reason = f"wall-clock budget spent ({int(elapsed.total_seconds())} s of {run.wall_clock_seconds} s)"
-    elif facts["clean"]:
+    elif claim and claim["status"] == "blocked":
+        decision, reason = (
+            GoalDecision.STOP,
+            f"round {ended}: the agent said it is blocked: {claim['reason']}",
+        )
+    elif claim and facts["clean"]:
         decision = GoalDecision.DONE
         reason = (
-            f"round {ended} delivered cleanly: every check passed, no unresolved failure, no open plan task"
+            f"round {ended}: the agent said the goal is complete{said}, and the product's records "
+            "agree: every check passed, no unresolved failure, no open plan task, no sub-Session working"
         )
     elif run.rounds_done >= run.max_rounds:
-        decision, reason = GoalDecision.STOP, f"round limit reached ({run.max_rounds} rounds)"
+        decision = GoalDecision.STOP
+        reason = (
+            f"round limit reached ({run.max_rounds} rounds): the agent said the goal is complete{said}, "
+            f"but the product's records show {facts['summary']}"
+            if claim
+            else f"round limit reached ({run.max_rounds} rounds), the agent never said the goal was complete"
+        )
     else:
         decision = GoalDecision.CONTINUE
-        reason = f"round {ended + 1} of {run.max_rounds} queued: {facts['summary']}"
-    _record(session, run, decision, reason, ended, used=used, now=now)
+        reason = f"round {ended + 1} of {run.max_rounds} queued: " + (
+            f"the agent said the goal is complete, but the product's records show {facts['summary']}"
+            if claim
+            else "the agent has not said the goal is complete"
+            + ("" if facts["clean"] else f"; the records show {facts['summary']}")
+        )
+    _record(session, run, decision, reason, ended, used=used, now=now, claim=claim)
     if decision == GoalDecision.CONTINUE:
         # The rounds are the starter's request: attributed to them, so a turn's memory rule (only
         # the owner's own turns recall and write the owner's memories) holds for every round.
-        _queue_round(session, run, ended + 1, user=run.created_by, facts=facts)
+        _queue_round(session, run, ended + 1, user=run.created_by, facts={**facts, "claim": claim})
         _wake_after_commit(session.pk)
     return decision
 
@@ -291,6 +325,7 @@ def _record(
     used: int | None = None,
     now: datetime | None = None,
     withdrawn: int | None = None,
+    claim: dict | None = None,
 ) -> None:
     now = now or timezone.now()
     run.tokens_used = max(0, session_tokens(session.pk) - run.tokens_at_start) if used is None else used
@@ -311,14 +346,37 @@ def _record(
             "reason": reason,
             "tokens_used": run.tokens_used,
             "elapsed_seconds": elapsed_seconds(run, now),
+            # What the agent said (update_goal) in the round decided on; null: nothing.
+            "claim": claim,
             **({"withdrawn_input_id": withdrawn} if withdrawn else {}),
         },
     )
 
 
+def _claim_of(turn: Turn | None) -> dict | None:
+    """The round's last `update_goal` claim (`{"status", "reason"}`), as its result was
+    committed; None when the agent made none (or every attempt was refused)."""
+    if turn is None:
+        return None
+    content = (
+        Message.objects.filter(turn_id=turn.pk, role=Role.TOOL, tool_name=GOAL_TOOL, is_error=False)
+        .order_by("-id")
+        .values_list("content", flat=True)
+        .first()
+    )
+    try:
+        recorded = json.loads(content) if content else None
+    except ValueError:
+        return None
+    if not isinstance(recorded, dict) or recorded.get("status") not in ("complete", "blocked"):
+        return None
+    return {"status": recorded["status"], "reason": str(recorded.get("reason") or "")[:1000]}
+
+
 def _open_facts(session: Session, turn: Turn | None, run_started) -> dict:
     """What the product's own records still show open after `turn`: its delivery record's
-    unresolved failures and failed checks, and the plan's tasks not done or skipped."""
+    unresolved failures and failed checks, the plan's tasks not done or skipped, and the
+    sub-Sessions still working."""
     delivery = Delivery.objects.filter(turn_id=turn.pk).first() if turn is not None else None
     failures = list(delivery.unresolved_failures) if delivery else []
     failed_checks = [check for check in (delivery.checks if delivery else []) if not check.get("ok")]
@@ -330,6 +388,12 @@ def _open_facts(session: Session, turn: Turn | None, run_started) -> dict:
         .order_by("position")
         .values("task_id", "title", "status")
     )
+    working = list(
+        Session.objects.filter(parent_id=session.pk, archived_at__isnull=True)
+        .filter(Q(current_turn__isnull=False) | Q(status=SessionStatus.QUEUED))
+        .order_by("created_at")
+        .values("id", "title", "status")
+    )
     parts = []
     if delivery is None:
         parts.append("no delivery record" if turn is not None else "no round has ended yet")
@@ -339,11 +403,14 @@ def _open_facts(session: Session, turn: Turn | None, run_started) -> dict:
         parts.append(_count(len(failed_checks), "failed check"))
     if tasks:
         parts.append(_count(len(tasks), "open plan task"))
+    if working:
+        parts.append(_count(len(working), "sub-Session") + " still working")
     return {
-        "clean": delivery is not None and not failures and not failed_checks and not tasks,
+        "clean": delivery is not None and not failures and not failed_checks and not tasks and not working,
         "failures": failures,
         "failed_checks": failed_checks,
         "tasks": tasks,
+        "working": working,
         "summary": ", ".join(parts) or "nothing open",
     }
 
@@ -376,14 +443,24 @@ def _round_text(run: GoalRun, number: int, facts: dict | None) -> str:
     head = f"Goal run, round {number} of {run.max_rounds}.\n\nGoal:\n{run.goal}\n\n"
     if facts is None:
         return head + (
-            "Work toward this goal. After each round the product checks the round's delivery record "
-            "(failed tool calls, checks of the files written) and the plan's open tasks; the run goes "
-            f"on, for at most {run.max_rounds} rounds, until they are clear. Keep the plan's task "
-            "statuses true."
+            "Work toward this goal. When it is met, call update_goal with status `complete` and the "
+            "reason, then write your closing answer; if you cannot go on without a person, call it "
+            "with status `blocked`. The product then checks its own records of the round (failed "
+            "tool calls, checks of the files written, the plan's open tasks, sub-Sessions still "
+            "working): the run ends done only when they agree with you. Without your claim the run "
+            f"goes on, for at most {run.max_rounds} rounds. Keep the plan's task statuses true."
         )
     # A round withdrawn by a pause and queued again on resume follows no ended round.
     when = f"after round {number - 1}" if number > 1 else "so far"
-    lines = [f"What the product recorded {when} (its own checks, not claims):"]
+    claim = facts.get("claim")
+    lines = []
+    if claim:
+        lines.append(
+            f"You said the goal is complete ({claim['reason'][:300]}), but the product's records disagree:"
+        )
+    elif number > 1:
+        lines.append("You did not say the goal is complete (update_goal).")
+    lines.append(f"What the product recorded {when} (its own checks, not claims):")
     for failure in facts["failures"][:LISTED_FACTS]:
         summary = str(failure.get("summary", ""))[:300]
         lines.append(
@@ -394,6 +471,8 @@ def _round_text(run: GoalRun, number: int, facts: dict | None) -> str:
         lines.append(f"- failed check: {check.get('path')} ({check.get('check')}): {detail}")
     for task in facts["tasks"][:LISTED_FACTS]:
         lines.append(f"- open plan task {task['task_id']} ({task['status']}): {task['title']}")
+    for child in facts.get("working", [])[:LISTED_FACTS]:
+        lines.append(f"- sub-Session still working: {child['title'] or child['id']} ({child['status']})")
     for key, label in (
         ("failures", "unresolved failures"),
         ("failed_checks", "failed checks"),
@@ -401,12 +480,13 @@ def _round_text(run: GoalRun, number: int, facts: dict | None) -> str:
     ):
         if len(facts[key]) > LISTED_FACTS:
             lines.append(f"- … and {len(facts[key]) - LISTED_FACTS} more {label}")
-    if len(lines) == 1:
+    if not lines[-1].startswith("- "):
         lines.append(f"- {facts['summary']}")
     return (
         head
         + "\n".join(lines)
-        + "\n\nContinue toward the goal: resolve what is listed, and keep the plan's task statuses true."
+        + "\n\nContinue toward the goal: resolve what is listed, and keep the plan's task statuses true. "
+        "When the goal is met, call update_goal with status `complete`; if you cannot go on, `blocked`."
     )
 
 

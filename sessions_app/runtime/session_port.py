@@ -51,6 +51,27 @@ class RuntimeSessionPort:
     def capabilities(self) -> dict:
         return engine.session_capabilities(self.context.session_id)
 
+    def goal_claim(self, status: str, reason: str) -> dict:
+        """The agent's claim about the goal of the round it runs. Nothing is written here: the
+        call's result, committed like every result before the next model call, is the claim the
+        goal driver reads when the round's turn ends."""
+        goal_round = self.context.goal_round
+        if goal_round is None:
+            raise ToolError("update_goal applies only during a goal run's round", code="not_in_goal_run")
+        then = (
+            "The product checks its own records when this round ends (the round's delivery record, "
+            "failed tool calls, open plan tasks, sub-Sessions still working): the run ends done only "
+            "if they agree; otherwise the next round names what disagrees."
+            if status == "complete"
+            else "The run stops when this round ends, with your reason."
+        )
+        return {
+            **goal_round,
+            "status": status,
+            "reason": reason,
+            "recorded": f"{then} Now write your closing answer for this round.",
+        }
+
     def add_capabilities(self, tools: list[str], toolsets: list[str]) -> dict:
         added = engine.add_selected_capabilities(
             self.context.session_id, self.context.token, tools=tools, toolsets=toolsets, added_by="model"

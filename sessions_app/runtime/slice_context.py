@@ -16,7 +16,7 @@ from approvals_app import policy as approval_policy
 from skills_app import catalog as skills_catalog
 from tools_app.base import ToolContext
 from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool_names
-from tools_app.registry import DELEGATE_TOOL
+from tools_app.registry import DELEGATE_TOOL, GOAL_TOOL
 from tools_app.secrets import Redactor, bound_shell_environment, tenant_secret_values
 
 from ..choices import CallPurpose, SessionKind
@@ -50,6 +50,7 @@ class SliceContext:
         self.history = engine.RequestHistory()
         self.session: Session | None = None
         self.turn_id: int | None = None
+        self.goal_round: dict | None = None  # {"goal_run_id", "round"} while the turn is a round
         self.progress = engine.TurnProgress()
         self.progress_saved = engine.TurnProgress()
         self.plan: dict | None = None
@@ -103,7 +104,10 @@ class SliceContext:
             self.writer = engine.RunnerWriter(self.session_id, self.token, session.tenant_id)
             self.turn_id = None  # a new slice re-reads the turn's progress
         self.session = session
-        key = (session.config_version, tenant_version, session.model_config_id)
+        if turn_id != self.turn_id:
+            # A goal run's round gets `update_goal` (its claim); any other turn does not.
+            self.goal_round = engine.goal_round_of(turn_id)
+        key = (session.config_version, tenant_version, session.model_config_id, self.goal_round is not None)
         if key != self._configuration_key:
             self._read_configuration(session, tenant_version)
             self._configuration_key = key
@@ -178,21 +182,22 @@ class SliceContext:
         capabilities = engine.session_capabilities(session.pk)
         # A MainSession coordinates: it may hand tasks to sub-Sessions (which may not).
         coordinator = session.kind == SessionKind.MAIN
+        goal_round = self.goal_round is not None
         chosen_tools, chosen_sets = tuple(capabilities["tools"]), tuple(capabilities["toolsets"])
+        bound = [*([DELEGATE_TOOL] if coordinator else []), *([GOAL_TOOL] if goal_round else [])]
 
         def tools():
-            available = resolve_available(
-                tenant_id, [*chosen_tools, *([DELEGATE_TOOL] if coordinator else [])], list(chosen_sets)
-            )
-            if not coordinator:
-                # Not even through a tool set an admin put it in: only a MainSession delegates.
-                available.pop(DELEGATE_TOOL, None)
+            available = resolve_available(tenant_id, [*chosen_tools, *bound], list(chosen_sets))
+            # Not even through a tool set an admin put them in: only a MainSession delegates, and
+            # only a goal run's round says where its goal stands.
+            for name in {DELEGATE_TOOL, GOAL_TOOL} - set(bound):
+                available.pop(name, None)
             schemas = [tool.openai_schema() for tool in available.values()]
             blob_id = engine.prompt_blob(tenant_id, "tool_schemas", json.dumps(schemas, sort_keys=True))
             return available, schemas, blob_id, estimate_tools_tokens(schemas)
 
         available, self.tool_schemas, self.tool_schemas_blob_id, self.tools_tokens = shared_configuration(
-            ("tools", *version, chosen_tools, chosen_sets, coordinator), tools
+            ("tools", *version, chosen_tools, chosen_sets, coordinator, goal_round), tools
         )
         self.tools = dict(available)  # the Session's own copy of the mapping
 

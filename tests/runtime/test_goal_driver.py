@@ -26,6 +26,18 @@ from .helpers import assert_gap_free, assert_tool_pairs, drive_until_idle, new_s
 
 GOAL = "Write report.md: a short report on the Q3 tickets, with a summary and a table."
 PLAN = tool_reply(tool_call("plan_create", {"title": "Report", "tasks": ["draft", "check"]}, id="plan"))
+NEVER_CLAIMED = "the agent never said the goal was complete"
+NOT_CLAIMED = "the agent has not said the goal is complete"
+AGREE = "and the product's records agree: every check passed, no unresolved failure, no open plan task, no sub-Session working"
+
+
+def claim(status="complete", reason="report.md is written", id="goal"):
+    """The agent's update_goal call, as the scripted model sends it."""
+    return tool_reply(tool_call("update_goal", {"status": status, "reason": reason}, id=id))
+
+
+def done_reason(round_number, reason="report.md is written"):
+    return f"round {round_number}: the agent said the goal is complete ({reason}), {AGREE}"
 
 
 @pytest.fixture
@@ -83,10 +95,12 @@ def test_a_three_round_task_stops_at_its_round_limit_with_the_reason_recorded(se
 
     run.refresh_from_db()
     assert (run.status, run.rounds_done, run.last_decision) == ("stopped", 3, "stop")
-    assert run.last_reason == "round limit reached (3 rounds)" and run.ended_at is not None
+    assert run.last_reason == f"round limit reached (3 rounds), {NEVER_CLAIMED}" and run.ended_at is not None
     assert [(r, d) for r, d, _ in _decisions(session)] == [(1, "continue"), (2, "continue"), (3, "stop")]
-    assert _decisions(session)[-1][2] == "round limit reached (3 rounds)"
-    assert _decisions(session)[0][2] == ("round 2 of 3 queued: 1 unresolved failure, 2 open plan tasks")
+    assert _decisions(session)[-1][2] == f"round limit reached (3 rounds), {NEVER_CLAIMED}"
+    assert _decisions(session)[0][2] == (
+        f"round 2 of 3 queued: {NOT_CLAIMED}; the records show 1 unresolved failure, 2 open plan tasks"
+    )
     turns = list(Turn.objects.filter(session=session).order_by("number"))
     assert [t.reason for t in turns] == ["completed"] * 3
     assert _rounds(session) == [(1, "consumed"), (2, "consumed"), (3, "consumed")]
@@ -95,6 +109,7 @@ def test_a_three_round_task_stops_at_its_round_limit_with_the_reason_recorded(se
     assert len(requests) == 4
     round_2 = requests[2].messages[-1]["content"]
     assert round_2.startswith("Goal run, round 2 of 3.") and GOAL in round_2
+    assert "You did not say the goal is complete (update_goal)." in round_2
     assert "- unresolved failure: fs_read (call read)" in round_2
     assert "- open plan task t1 (pending): draft" in round_2
     round_3 = requests[3].messages[-1]["content"]
@@ -108,9 +123,10 @@ def test_a_three_round_task_stops_at_its_round_limit_with_the_reason_recorded(se
         "goal_run_id": run.pk,
         "round": 3,
         "decision": "stop",
-        "reason": "round limit reached (3 rounds)",
+        "reason": f"round limit reached (3 rounds), {NEVER_CLAIMED}",
         "tokens_used": run.tokens_used,
         "elapsed_seconds": decided["elapsed_seconds"],
+        "claim": None,
     }
     assert run.tokens_used > 0 and isinstance(decided["elapsed_seconds"], int)
     assert_gap_free(session)
@@ -162,7 +178,8 @@ def test_a_clean_delivery_with_the_plan_done_ends_the_run_done(session, owner_a,
                 id="u",
             )
         ),
-        text_reply("report.md is written."),  # round 2: a clean delivery, nothing open
+        claim(),  # round 2: the agent says it is complete, and the records agree
+        text_reply("report.md is written."),
     )
     run = _start(session, owner_a, max_rounds=5)
 
@@ -171,13 +188,13 @@ def test_a_clean_delivery_with_the_plan_done_ends_the_run_done(session, owner_a,
     run.refresh_from_db()
     assert (run.status, run.rounds_done) == ("done", 2)
     assert _decisions(session) == [
-        (1, "continue", "round 2 of 5 queued: 2 open plan tasks"),
-        (
-            2,
-            "done",
-            "round 2 delivered cleanly: every check passed, no unresolved failure, no open plan task",
-        ),
+        (1, "continue", f"round 2 of 5 queued: {NOT_CLAIMED}; the records show 2 open plan tasks"),
+        (2, "done", done_reason(2)),
     ]
+    assert _events(session, "goal.decided")[-1]["claim"] == {
+        "status": "complete",
+        "reason": "report.md is written",
+    }
     assert Turn.objects.filter(session=session).count() == 2
 
 
@@ -226,8 +243,8 @@ def test_another_message_between_rounds_is_not_a_round(session, owner_a, model_s
     run.refresh_from_db()
     assert [t.reason for t in Turn.objects.filter(session=session)] == ["completed"] * 3
     assert _decisions(session) == [
-        (1, "continue", "round 2 of 2 queued: 2 open plan tasks"),
-        (2, "stop", "round limit reached (2 rounds)"),
+        (1, "continue", f"round 2 of 2 queued: {NOT_CLAIMED}; the records show 2 open plan tasks"),
+        (2, "stop", f"round limit reached (2 rounds), {NEVER_CLAIMED}"),
     ]
 
 
@@ -255,7 +272,7 @@ def test_a_round_parked_on_an_approval_gets_no_decision_until_it_is_decided(
     assert not (engine.workspace_path(session) / "report.md").exists()
     assert _rounds(session) == [(1, "consumed")]  # nothing queued past the parked round
 
-    model_server.script("agent", text_reply("report.md is written."))
+    model_server.script("agent", claim(), text_reply("report.md is written."))
     brain.submit_decision(PendingApproval.objects.get(session_id=session.pk), "approve", user=owner_a)
     drive_until_idle(session)
 
@@ -304,11 +321,13 @@ def test_no_auto_resume_after_a_crash_mid_round_until_a_person_resumes(
     resumed = api_owner_a.post(f"/api/v1/sessions/{session.pk}/goal-run/resume/")
     assert resumed.status_code == 200 and resumed.json()["status"] == "active"
     assert _events(session, "goal.resumed") == [{"goal_run_id": run.pk, "by": "owner_a"}]
-    assert _decisions(session) == [(1, "continue", "round 2 of 2 queued: 2 open plan tasks")]
+    assert _decisions(session) == [
+        (1, "continue", f"round 2 of 2 queued: {NOT_CLAIMED}; the records show 2 open plan tasks")
+    ]
     drive_until_idle(session)
 
     run.refresh_from_db()
-    assert run.status == "stopped" and run.last_reason == "round limit reached (2 rounds)"
+    assert run.status == "stopped" and run.last_reason == f"round limit reached (2 rounds), {NEVER_CLAIMED}"
     assert _rounds(session) == [(1, "consumed"), (2, "consumed")]
     assert_gap_free(session)
 
@@ -329,7 +348,7 @@ def test_a_round_queued_when_the_runner_was_lost_is_withdrawn_until_resumed(sess
     assert not Turn.objects.filter(session=session).exists()
     assert model_server.requests_for("agent") == []
 
-    model_server.script("agent", text_reply("Done."))
+    model_server.script("agent", claim(), text_reply("Done."))
     goal_driver.resume(session.pk, user=owner_a)
     drive_until_idle(session)
 
@@ -354,7 +373,9 @@ def test_resuming_after_the_last_round_stops_at_the_limit(session, owner_a, mode
     goal_driver.resume(session.pk, user=owner_a)
 
     run.refresh_from_db()
-    assert run.status == "stopped" and _decisions(session) == [(1, "stop", "round limit reached (1 rounds)")]
+    assert run.status == "stopped" and _decisions(session) == [
+        (1, "stop", f"round limit reached (1 rounds), {NEVER_CLAIMED}")
+    ]
     assert not engine.queued_inputs(session.pk).exists()
 
 
@@ -374,18 +395,14 @@ def test_with_auto_continue_off_the_lost_round_ends_interrupted_and_resume_goes_
     assert Turn.objects.get(session=session).reason == "interrupted"
     assert (run.status, run.rounds_done) == ("paused", 1) and _decisions(session) == []
 
-    model_server.script("agent", text_reply("Round two, complete."))
+    model_server.script("agent", claim(reason="round two is complete"), text_reply("Round two, complete."))
     goal_driver.resume(session.pk, user=owner_a)  # a person chose to go on: the lost round does not stop it
     drive_until_idle(session)
 
     run.refresh_from_db()
     assert _decisions(session) == [
-        (1, "continue", "round 2 of 2 queued: no delivery record"),
-        (
-            2,
-            "done",
-            "round 2 delivered cleanly: every check passed, no unresolved failure, no open plan task",
-        ),
+        (1, "continue", f"round 2 of 2 queued: {NOT_CLAIMED}; the records show no delivery record"),
+        (2, "done", done_reason(2, "round two is complete")),
     ]
     assert run.status == "done"
 
@@ -533,7 +550,7 @@ def test_a_person_starts_reads_and_stops_a_run_through_the_api(session, api_owne
 
 
 def test_a_done_run_cannot_be_stopped_or_resumed(session, api_owner_a, owner_a, model_server):
-    model_server.script("agent", text_reply("Done at once."))
+    model_server.script("agent", claim(), text_reply("Done at once."))
     _start(session, owner_a)
     drive_until_idle(session)
     assert api_owner_a.get(_url(session)).json()["status"] == "done"
@@ -699,7 +716,7 @@ def test_a_plan_left_from_an_earlier_task_does_not_keep_a_run_from_being_done(se
     engine.enqueue_input(session.pk, kind="message", payload={"text": "an earlier task"})
     drive_until_idle(session)
     assert PlanTask.objects.filter(plan__session=session, status="pending").count() == 2
-    model_server.script("agent", text_reply("All written."))
+    model_server.script("agent", claim(), text_reply("All written."))
     run = _start(session, owner_a)
     drive_until_idle(session)
     run.refresh_from_db()
@@ -711,3 +728,142 @@ def test_a_goal_must_be_a_string(session, api_owner_a):
         response = api_owner_a.post(_url(session), {"goal": goal}, format="json")
         assert_error_shape(response, 400, "validation_error")
     assert not GoalRun.objects.exists()
+
+
+# --- the agent's claim (update_goal), checked against the records -------------------------------------
+
+
+def test_a_round_of_words_only_is_never_done_and_ends_at_the_round_limit(session, owner_a, model_server):
+    """ "Write guide.md …" answered in words only, three times, claiming the work: no claim, no file,
+    so the run goes on and stops at its limit, never done."""
+    model_server.default("agent", lambda request: text_reply("I wrote guide.md about Markdown tables."))
+    run = goal_driver.start(
+        session.pk,
+        goal="Write guide.md about Markdown tables",
+        max_rounds=3,
+        token_budget=1_000_000,
+        wall_clock_seconds=3600,
+        user=owner_a,
+    )
+
+    drive_until_idle(session)
+
+    run.refresh_from_db()
+    assert (run.status, run.rounds_done) == ("stopped", 3)
+    assert [d for _, d, _ in _decisions(session)] == ["continue", "continue", "stop"]
+    assert run.last_reason == f"round limit reached (3 rounds), {NEVER_CLAIMED}"
+    assert not (engine.workspace_path(session) / "guide.md").exists()
+
+
+def test_write_then_claim_complete_is_done_after_round_one(session, owner_a, model_server):
+    model_server.script(
+        "agent",
+        tool_reply(tool_call("fs_write", {"path": "report.md", "content": "# Q3\n\n| a | b |\n"}, id="w")),
+        claim(),
+        text_reply("report.md is written: a summary and a table."),
+    )
+    run = _start(session, owner_a)
+
+    drive_until_idle(session)
+
+    run.refresh_from_db()
+    assert (run.status, run.rounds_done) == ("done", 1)
+    assert _decisions(session) == [(1, "done", done_reason(1))]
+    requests = model_server.requests_for("agent")
+    # Offered in the round; the claim's result (committed) comes before the closing answer's call.
+    assert "update_goal" in requests[0].tool_names
+    assert json.loads(requests[2].messages[-1]["content"])["status"] == "complete"
+    assert_tool_pairs(session)
+
+
+def test_claim_blocked_stops_the_run_with_the_agents_reason(session, owner_a, model_server):
+    reason = "tickets.csv is not in the workspace; I need it uploaded"
+    model_server.script("agent", claim("blocked", reason), text_reply("I cannot go on without tickets.csv."))
+    run = _start(session, owner_a)
+
+    drive_until_idle(session)
+
+    run.refresh_from_db()
+    assert (run.status, run.last_decision) == ("stopped", "stop")
+    assert run.last_reason == f"round 1: the agent said it is blocked: {reason}"
+    shown = _events(session, "goal.decided")[-1]
+    assert shown["claim"] == {"status": "blocked", "reason": reason}
+    assert _rounds(session) == [(1, "consumed")]
+
+
+def test_claim_complete_over_an_unresolved_failure_goes_on_and_names_it(session, owner_a, model_server):
+    model_server.script(
+        "agent",
+        tool_reply(tool_call("fs_read", {"path": "tickets.csv"}, id="read")),  # fails: no such file
+        claim(reason="the report is done"),
+        text_reply("Done."),
+        claim(id="goal-2", reason="now really done"),  # round 2: nothing open any more
+        text_reply("Done, checked."),
+    )
+    run = _start(session, owner_a)
+
+    drive_until_idle(session)
+
+    run.refresh_from_db()
+    decisions = _decisions(session)
+    assert decisions[0] == (
+        1,
+        "continue",
+        "round 2 of 3 queued: the agent said the goal is complete, but the product's records show "
+        "1 unresolved failure",
+    )
+    round_2 = model_server.requests_for("agent")[3].messages[-1]["content"]
+    assert (
+        "You said the goal is complete (the report is done), but the product's records disagree:" in round_2
+    )
+    assert "- unresolved failure: fs_read (call read)" in round_2
+    assert decisions[1] == (2, "done", done_reason(2, "now really done"))
+    assert run.status == "done"
+
+
+def test_update_goal_is_offered_only_in_a_goal_runs_rounds(session, owner_a, model_server):
+    model_server.script(
+        "agent",
+        claim(),  # the model tries it anyway, outside a goal run
+        text_reply("Hello."),
+    )
+    brain.submit_input(session, kind="message", text="hi", user=owner_a)
+
+    drive_until_idle(session)
+
+    first, second = model_server.requests_for("agent")
+    assert "update_goal" not in first.tool_names
+    result = second.messages[-1]
+    assert result["role"] == "tool" and "update_goal" in result["content"]
+    assert not GoalRun.objects.filter(session=session).exists()
+    assert Turn.objects.get(session=session).reason == "completed"
+
+
+def test_a_crash_between_the_claim_and_the_closing_answer_leaves_a_consistent_run(
+    session, owner_a, model_server
+):
+    model_server.script(
+        "agent",
+        tool_reply(tool_call("fs_write", {"path": "report.md", "content": "# Q3\n"}, id="w")),
+        claim(),
+        text_reply("report.md is written."),  # the closing answer, by the runner that takes over
+    )
+    run = _start(session, owner_a)
+    assert brain.drive(session.pk, max_steps=2) == "yielded"  # the write, then the claim, committed
+    brain.acquire(session.pk)  # the next worker takes the Session ...
+    _lose_runner(session)  # ... and dies before the closing answer
+
+    drive_until_idle(session)  # recovery: the run pauses; the round's turn finishes (auto-continue)
+
+    run.refresh_from_db()
+    assert (run.status, run.rounds_done, run.paused_reason) == ("paused", 1, goal_driver.RECOVERY_PAUSE)
+    assert _decisions(session) == []  # nothing decided behind a person's back
+    assert Turn.objects.get(session=session).reason == "completed"
+    assert Input.objects.filter(session=session).count() == 1  # no round queued by itself
+
+    goal_driver.resume(session.pk, user=owner_a)  # the committed claim is still the round's
+
+    run.refresh_from_db()
+    assert run.status == "done" and _decisions(session) == [(1, "done", done_reason(1))]
+    assert_gap_free(session)
+    assert_tool_pairs(session)

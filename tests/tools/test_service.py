@@ -475,6 +475,7 @@ def test_native_tools_declare_valid_strict_schemas_and_their_risk():
             "memory_search",
             "shell_exec",
             "session_delegate",
+            "update_goal",
         ]
     )
     for name, tool in NATIVE_TOOLS.items():
@@ -493,6 +494,8 @@ def test_native_tools_declare_valid_strict_schemas_and_their_risk():
     assert risks["skills_find"] == risks["memory_search"] == (Risk.READ, True, True)
     # Loading a Skill and saving a memory change facts, and doing either twice changes nothing more.
     assert risks["skills_load"] == risks["memory_save"] == (Risk.WRITE, False, True)
+    # The agent's claim about a goal run: the round's last one counts, so saying it twice is once.
+    assert risks["update_goal"] == (Risk.WRITE, False, True)
     assert risks["shell_exec"][:2] == (Risk.EXTERNAL, False)
     # What recovery may run again after a lost runner (idempotent), and what it never does.
     assert risks["fs_write"][2] is True  # the whole content: writing it twice is writing it once

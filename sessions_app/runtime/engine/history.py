@@ -15,7 +15,7 @@ import json
 import re
 
 from ...choices import InputKind, Role
-from ...models import Message, Session
+from ...models import Input, Message, Session
 from ..events import emit
 from ..llm.base import EncodedMessages
 from ..llm.tokens import estimate_message_tokens
@@ -218,6 +218,17 @@ def turn_request(turn_id: int | None) -> Message | None:
     return (
         Message.objects.filter(turn_id=turn_id, role=Role.USER).order_by("id").only("id", "content").first()
     )
+
+
+def goal_round_of(turn_id: int | None) -> dict | None:
+    """`{"goal_run_id", "round"}` when the turn runs a goal run's round (its input says so, as
+    the goal driver queued it), else None."""
+    if turn_id is None:
+        return None
+    for payload in Input.objects.filter(turn_id=turn_id).values_list("payload", flat=True):
+        if isinstance(payload, dict) and payload.get("goal_run_id"):
+            return {"goal_run_id": payload["goal_run_id"], "round": payload.get("round")}
+    return None
 
 
 # --- the step phases of a slice (fenced by its RunnerWriter) ---------------------------------------
