@@ -453,14 +453,7 @@ def _round_text(run: GoalRun, number: int, facts: dict | None) -> str:
     # A round withdrawn by a pause and queued again on resume follows no ended round.
     when = f"after round {number - 1}" if number > 1 else "so far"
     claim = facts.get("claim")
-    lines = []
-    if claim:
-        lines.append(
-            f"You said the goal is complete ({claim['reason'][:300]}), but the product's records disagree:"
-        )
-    elif number > 1:
-        lines.append("You did not say the goal is complete (update_goal).")
-    lines.append(f"What the product recorded {when} (its own checks, not claims):")
+    lines = [f"What the product recorded {when} (its own checks, not claims):"]
     for failure in facts["failures"][:LISTED_FACTS]:
         summary = str(failure.get("summary", ""))[:300]
         lines.append(
@@ -480,8 +473,15 @@ def _round_text(run: GoalRun, number: int, facts: dict | None) -> str:
     ):
         if len(facts[key]) > LISTED_FACTS:
             lines.append(f"- … and {len(facts[key]) - LISTED_FACTS} more {label}")
-    if not lines[-1].startswith("- "):
+    if len(lines) == 1:
         lines.append(f"- {facts['summary']}")
+    # The agent's claim after the records (the page shows the records, then this line).
+    if claim:
+        lines.append(
+            f"You said the goal is complete ({claim['reason'][:300]}), but these records disagree with it."
+        )
+    elif number > 1:
+        lines.append("You did not say the goal is complete (update_goal).")
     return (
         head
         + "\n".join(lines)

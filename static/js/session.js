@@ -637,6 +637,7 @@
     let goal = null;
     let facts = [];
     let factsLead = "";
+    let claimLine = "";
     if (body.startsWith("Goal:\n")) {
       const after = body.slice("Goal:\n".length);
       const cut = Math.max(...ROUND_TAILS.map((tail) => after.lastIndexOf(tail)));
@@ -645,6 +646,8 @@
       if (tail.length && tail[0].startsWith("What the product recorded")) {
         factsLead = tail[0];
         facts = tail.slice(1).filter((line) => line.startsWith("- ")).map((line) => line.slice(2));
+        // The agent's claim (update_goal) the records were weighed against, when the text names it.
+        claimLine = tail.find((line) => /^You (said|did not say) the goal/.test(line)) || "";
       }
     }
     const who = message.author && message.author !== USERNAME ? `queued for ${message.author}` : "queued for you";
@@ -665,7 +668,10 @@
     if (factsLead) {
       parts.push(
         el("p", { className: "goal-round-facts-lead", text: factsLead }),
-        el("ul", { className: "goal-round-facts", dataset: { testid: "goal-round-facts" } }, facts.map((fact) => el("li", { text: fact })))
+        el("ul", { className: "goal-round-facts", dataset: { testid: "goal-round-facts" } }, facts.map((fact) => el("li", { text: fact }))),
+        claimLine
+          ? el("p", { className: "goal-round-claim", dataset: { testid: "goal-round-claim" }, text: claimLine.replace(/^You /, "The agent ") })
+          : null
       );
     }
     parts.push(

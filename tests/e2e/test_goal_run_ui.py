@@ -129,11 +129,11 @@ STARTED = f"Goal run started by you: up to 3 rounds, 200 000 tokens, 1 h — “
 FINISHED_NOTES = [
     f"◎ {STARTED} It is now the session goal and the phase goal.",
     "GOAL RUN · ROUND 1 OF 3",
-    "↻ Round 1 of 3 done — continuing: 2 open plan tasks",
+    "↻ Round 1 of 3 done — continuing: the agent has not said the goal is complete; the records show 2 open plan tasks",
     "GOAL RUN · ROUND 2 OF 3",
-    "↻ Round 2 of 3 done — continuing: 2 open plan tasks",
+    "↻ Round 2 of 3 done — continuing: the agent has not said the goal is complete; the records show 2 open plan tasks",
     "GOAL RUN · ROUND 3 OF 3",
-    "■ Goal run stopped after round 3: round limit reached (3 rounds)",
+    "■ Goal run stopped after round 3: round limit reached (3 rounds), the agent never said the goal was complete",
 ]
 
 
@@ -162,6 +162,10 @@ def assert_finished_run_shown(page):
     expect(rounds.first).to_contain_text(f"Goal: “{GOAL}”")
     expect(rounds.nth(1).get_by_test_id("goal-round-facts").get_by_role("listitem")).to_have_text(
         ["open plan task t1 (pending): draft", "open plan task t2 (pending): check"]
+    )
+    # The records first, then the agent's claim they were weighed against (here: none made).
+    expect(rounds.nth(1).get_by_test_id("goal-round-claim")).to_have_text(
+        "The agent did not say the goal is complete (update_goal)."
     )
     items = timeline(page)
     # Each decision follows its round's answer and delivery card, before the next round.
@@ -211,7 +215,7 @@ def test_a_goal_run_starts_from_the_card_and_is_followed_live_to_its_stop(page, 
     expect(run.get_by_test_id("goal-run-status")).to_have_text("active")
     expect(run.get_by_test_id("goal-run-round")).to_have_text("Round 2 of 3", timeout=LIVE_TIMEOUT_MS)
     expect(run.get_by_test_id("goal-run-decision")).to_contain_text(
-        "Round 1 of 3 done — continuing: 2 open plan tasks"
+        "Round 1 of 3 done — continuing: the agent has not said the goal is complete; the records show 2 open plan tasks"
     )
     expect(run.get_by_role("button", name="Stop…")).to_be_visible()
     page.screenshot(path=str(tmp_path / "goal-run-round-2.png"))

@@ -310,3 +310,37 @@ def test_the_demo_model_plays_s6_in_a_sub_session(tenant_a, owner_a):
         assert sub.status == "idle"
     assert relations == ["new_task", "continue_current", "change_within_session", "out_of_scope"]
     assert sub.phase_goal == "Convert the Markdown to Word"
+
+
+def test_in_a_goal_run_it_claims_the_goal_before_its_closing_answer(session, owner_a):
+    """`make run`'s goal runs end the seed's way with the demo model too: the report written and
+    checked, update_goal complete, the closing answer; the records agree, so the run is done."""
+    from sessions_app.runtime import goal_driver
+
+    _upload_tickets(session)
+    run = goal_driver.start(
+        session.pk, goal=ASK, max_rounds=3, token_budget=1_000_000, wall_clock_seconds=3600, user=owner_a
+    )
+
+    drive_until_idle(session)
+
+    run.refresh_from_db()
+    (claim,) = _calls(session, "update_goal")
+    assert json.loads(claim["arguments"])["status"] == "complete"
+    assert (run.status, run.rounds_done) == ("done", 1), run.last_reason
+    assert _answer(session).startswith(demo.REPORT_DONE)
+    assert_tool_pairs(session)
+
+
+def test_in_a_goal_run_without_tickets_it_says_it_is_blocked(session, owner_a):
+    from sessions_app.runtime import goal_driver
+
+    run = goal_driver.start(
+        session.pk, goal=ASK, max_rounds=3, token_budget=1_000_000, wall_clock_seconds=3600, user=owner_a
+    )
+
+    drive_until_idle(session)
+
+    run.refresh_from_db()
+    assert (run.status, run.rounds_done) == ("stopped", 1)
+    assert run.last_reason.startswith("round 1: the agent said it is blocked: I could not read tickets.csv")

@@ -814,7 +814,7 @@ def test_claim_complete_over_an_unresolved_failure_goes_on_and_names_it(session,
     )
     round_2 = model_server.requests_for("agent")[3].messages[-1]["content"]
     assert (
-        "You said the goal is complete (the report is done), but the product's records disagree:" in round_2
+        "You said the goal is complete (the report is done), but these records disagree with it." in round_2
     )
     assert "- unresolved failure: fs_read (call read)" in round_2
     assert decisions[1] == (2, "done", done_reason(2, "now really done"))

@@ -222,6 +222,10 @@ def _headline(kpis: dict) -> str:
     )
 
 
+# How the demo's answer opens when the report is written and checked (its goal-run claim reads it).
+REPORT_DONE = "The weekly support report is in"
+
+
 class DemoModelProvider:
     def __init__(self, model: EffectiveModel):
         self.model = model
@@ -249,9 +253,29 @@ class DemoModelProvider:
             )
         else:
             text, tool_calls = self._next_move(request, calls)
+            if not tool_calls and self._claims_goal(tools, calls):
+                # In a goal run's round, as the seed asks: the claim first, the closing answer after.
+                done = text.startswith(REPORT_DONE)
+                reason = (
+                    f"{REPORT_FILE} and {KPIS_FILE} are written and reopened"
+                    if done
+                    else text.split(". ")[0].rstrip(".")
+                )
+                return self._tools(
+                    [_call("update_goal", {"status": "complete" if done else "blocked", "reason": reason})],
+                    "",
+                    on_delta,
+                    cancel,
+                )
         if tool_calls:
             return self._tools(tool_calls, text, on_delta, cancel)
         return self._say(text + DEMO_SIGNATURE, on_delta, cancel)
+
+    @staticmethod
+    def _claims_goal(tools, calls: list[_Call]) -> bool:
+        """update_goal is offered (a goal run's round) and this round has not used it yet."""
+        offered = {(tool.get("function") or {}).get("name") for tool in tools or []}
+        return "update_goal" in offered and not any(call.name == "update_goal" for call in calls)
 
     def _next_move(self, request: str, calls: list[_Call]) -> tuple[str, list[dict]]:
         """What to do next given the calls made for this request so far: (text, tool calls)."""
@@ -349,7 +373,7 @@ class DemoModelProvider:
                 notes.append(f"I deleted {CLEANUP_FILE}.")
 
         answer = (
-            f"The weekly support report is in **{REPORT_FILE}** (headline KPIs, tickets by channel and by "
+            f"{REPORT_DONE} **{REPORT_FILE}** (headline KPIs, tickets by channel and by "
             f"category) and **{KPIS_FILE}** (the same figures, one metric per row); I reopened both files "
             f"after writing them. Headline numbers: {_headline(kpis)}."
         )
