@@ -206,7 +206,7 @@
       state.hidden = false;
       state.textContent =
         exc instanceof ApiError && (exc.status === 401 || exc.status === 403)
-          ? "Your login has expired. Reload the page to log in again."
+          ? "Signed out: reload the page to sign in again."
           : `Could not load Sessions: ${exc.message}`;
     } finally {
       loading = false;
@@ -402,7 +402,16 @@
     });
     // Closed by a restart or a network change: reconnect, and catch up on what was missed.
     socket.addEventListener("close", (event) => {
-      if (event.code === 4401) return; // logged out or removed from the tenant: stop
+      if (event.code === 4401) {
+        // Logged out or removed from the tenant: stop, and say how to get back.
+        state.hidden = false;
+        state.replaceChildren(
+          "Signed out — ",
+          el("a", { attrs: { href: `/accounts/login/?next=${encodeURIComponent(window.location.pathname)}` }, text: "sign in again" }),
+          "."
+        );
+        return;
+      }
       window.setTimeout(() => {
         follow();
         reloadSoon();

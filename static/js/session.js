@@ -2533,8 +2533,12 @@
       }
       applyFrame(frame);
     });
-    ws.addEventListener("close", () => {
+    ws.addEventListener("close", (event) => {
       if (state.ws === ws) state.ws = null;
+      if (event.code === 4401) {
+        signedOut(); // the server closed it: this login ended or left the tenant
+        return;
+      }
       if (state.awaitingAck.length) {
         const unanswered = state.awaitingAck;
         state.awaitingAck = [];
@@ -2552,7 +2556,8 @@
   function scheduleReconnect() {
     if (state.stopped || state.retryTimer) return;
     setLive("reconnecting", "reconnecting…");
-    if (state.attempts >= 3) checkStillAllowed();
+    // A restart drops the socket once; a refused handshake fails every time: ask why then.
+    if (state.attempts >= 1) checkStillAllowed();
     const delay = Math.min(1000 * 2 ** Math.min(state.attempts, 5), 30000) * (0.75 + Math.random() * 0.5);
     state.retryTimer = setTimeout(connect, delay);
   }
@@ -2568,16 +2573,30 @@
   function checkStillAllowed() {
     api(boot.api).catch((exc) => {
       if (!(exc instanceof ApiError)) return;
-      if (exc.status === 401 || exc.status === 403 || exc.status === 404) {
+      if (exc.status === 401 || exc.status === 403) {
+        signedOut();
+      } else if (exc.status === 404) {
         state.stopped = true;
         clearTimeout(state.retryTimer);
         setLive("offline", "offline");
-        note(
-          exc.status === 404 ? "This Session is no longer available." : "Your login has expired. Reload the page to log in again.",
-          true
-        );
+        note("This Session is no longer available.", true);
       }
     });
+  }
+
+  /** The browser's login ended (signed out elsewhere, expired, removed from the tenant): say so
+   * with a way back, and stop reconnecting — retrying could never succeed. */
+  function signedOut() {
+    state.stopped = true;
+    clearTimeout(state.retryTimer);
+    setLive("signed-out", "signed out");
+    const next = encodeURIComponent(window.location.pathname);
+    ui.note.replaceChildren(
+      "Signed out — ",
+      el("a", { attrs: { href: `/accounts/login/?next=${next}` }, dataset: { testid: "sign-in-again" }, text: "sign in again" }),
+      " to keep following this Session."
+    );
+    ui.note.classList.add("error");
   }
 
   window.addEventListener("online", () => {

@@ -134,18 +134,30 @@ class TestSeedDemo:
         settings.EMBEDDED = True  # the embedded default, whatever mode this run is in
 
         first = run("seed_demo")
-        second = run("seed_demo")
+        username, password = re.search(r"Login: (\S+) / (\S+)", first).groups()
+        client = Client()
+        assert log_in(username, password, client)
+        second = run("seed_demo")  # `make run` seeds at every start
 
         assert Tenant.objects.filter(slug="demo").count() == 1
         assert User.objects.filter(username="demo").count() == 1
         assert Membership.objects.get(user__username="demo").role == "owner"
-        assert first == second
-        username, password = re.search(r"Login: (\S+) / (\S+)", second).groups()
-        client = Client()
-        assert log_in(username, password, client)
+        assert "Login: demo (password unchanged" in second
+        # A restart signs nobody out: the browser session made before it still works.
         response = client.get("/")
         assert response.status_code == 200
         assert "Demo workspace" in response.content.decode()
+
+    def test_a_changed_demo_password_survives_a_re_seed(self, db, settings):
+        settings.EMBEDDED = True
+        run("seed_demo")
+        demo = User.objects.get(username="demo")
+        demo.set_password("mine-now-9876")
+        demo.save()
+
+        run("seed_demo")
+
+        assert log_in("demo", "mine-now-9876") and not log_in("demo", "demo")
 
     def test_it_uses_a_given_password(self, db):
         output = run("seed_demo", "--password", "seeded-pw-4321")

@@ -2,6 +2,7 @@ import shutil
 from pathlib import Path
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -30,21 +31,34 @@ DEMO_PASSWORD = "demo"
 
 
 class Command(BaseCommand):
-    help = "Create the demo tenant and its owner login (idempotent). Prints the login."
+    help = (
+        "Create what is missing of the demo tenant, its owner login, Skills and demo Session, and "
+        "change nothing that exists (`make run` runs it at every start). Prints the login."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "--password", default=None, help=f"demo password (default {DEMO_PASSWORD!r} in embedded mode)"
+            "--password",
+            default=None,
+            help=(
+                "set the demo user's password (also on an existing user). Without it a new demo user "
+                f"gets {DEMO_PASSWORD!r} in embedded mode and no usable password in production; an "
+                "existing one keeps its password, so a re-seed never signs anyone out"
+            ),
         )
 
     def handle(self, password, **options):
-        if password is None:
-            if not settings.EMBEDDED:
-                password = None  # keep whatever password the demo user already has in production
-            else:
-                password = DEMO_PASSWORD
+        explicit = password is not None
         with transaction.atomic():
             tenant, _ = do_create_tenant(DEMO_TENANT, "Demo workspace")
+            existing = get_user_model().objects.filter(username=DEMO_USER).first()
+            if (
+                not explicit
+                and settings.EMBEDDED
+                and (existing is None or not existing.has_usable_password())
+            ):
+                # Nobody could sign in as it yet: no browser session ends by setting it.
+                password = DEMO_PASSWORD
             user, created = do_create_user(DEMO_USER, tenant, Role.OWNER, password)
         skills = self._demo_skills(tenant)
         demo_session = self._demo_session(tenant, user)
@@ -58,7 +72,10 @@ class Command(BaseCommand):
                 f"Login: {DEMO_USER} (set a password with: manage.py changepassword {DEMO_USER})"
             )
         else:
-            self.stdout.write(f"Login: {DEMO_USER} (password unchanged)")
+            have = "" if user.has_usable_password() else "; none is set yet"
+            self.stdout.write(
+                f"Login: {DEMO_USER} (password unchanged{have}: `manage.py changepassword {DEMO_USER}` sets one)"
+            )
 
     def _demo_skills(self, tenant) -> list[str]:
         """The demo tenant's Skills (research-guide, pdf-report, csv-cleanup), imported once: a
