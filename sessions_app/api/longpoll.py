@@ -41,7 +41,7 @@ from config.api import ParameterError, json_error_response
 from tenancy_app.revocation import Principal
 from tenancy_app.throttling import acquire_long_poll_slot, release_long_poll_slot
 
-from ..models import SessionEvent
+from ..models import Session, SessionEvent
 from ..runtime.events import session_group
 from .serializers import EventSerializer
 
@@ -78,11 +78,15 @@ def parse_wait(raw: str | None) -> float:
 
 
 def read_events(session_id, after: int) -> dict:
-    """One page of the log after `after`: `{"events": [...], "last_seq": int}`."""
+    """One page of the log after `after`: `{"events": [...], "last_seq": int}`. `last_seq` is the
+    last event returned, or with none the Session's own last seq (never the request's `after`:
+    a client asking beyond the log learns where it really ends). The Session's is read first: an
+    event committed meanwhile is then after it, never skipped by a client resuming from it."""
+    session_seq = Session.objects.filter(pk=session_id).values_list("last_event_seq", flat=True).first() or 0
     rows = list(
         SessionEvent.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:EVENT_PAGE]
     )
-    last_seq = rows[-1].seq if rows else max(after, 0)
+    last_seq = rows[-1].seq if rows else min(session_seq, max(after, 0))
     return {"events": EventSerializer(rows, many=True).data, "last_seq": last_seq}
 
 

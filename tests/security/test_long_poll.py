@@ -142,6 +142,22 @@ def test_it_answers_at_once_with_the_events_after_seq(api_owner_a, session_a):
     assert set(body["events"][0]) == {"seq", "type", "ts", "data"}
 
 
+def test_last_seq_is_the_sessions_own_when_nothing_is_after_the_request(api_owner_a, session_a):
+    """A client asking beyond the log learns where it really ends (not its own `after` echoed),
+    and resuming from the answer loses nothing."""
+    last = _last_seq(session_a)
+
+    beyond = api_owner_a.get(f"/api/v1/sessions/{session_a.pk}/events/?after={last + 1000}").json()
+    assert beyond == {"events": [], "last_seq": last}
+    assert api_owner_a.get(f"/api/v1/sessions/{session_a.pk}/events/?after={last}").json() == {
+        "events": [],
+        "last_seq": last,
+    }
+    send(session_a, "hello")
+    resumed = api_owner_a.get(f"/api/v1/sessions/{session_a.pk}/events/?after={beyond['last_seq']}").json()
+    assert [e["seq"] for e in resumed["events"]] == [last + 1] and resumed["last_seq"] == last + 1
+
+
 def test_an_anonymous_caller_gets_401(api_anonymous, session_a):
     response = api_anonymous.get(f"/api/v1/sessions/{session_a.pk}/events/?wait=5")
 
