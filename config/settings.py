@@ -656,6 +656,9 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        # Django's own default gives `django` a console handler of its own under DEBUG, which
+        # printed every warning twice beside the root's: one handler, the root's format.
+        "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
         # Answered by config.views.bad_request with a page (browser) or a 413 (API).
         "django.security.RequestDataTooBig": {"handlers": ["console_handled"], "propagate": False},
         "django.server": {"level": "WARNING"},
