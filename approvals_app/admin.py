@@ -24,6 +24,7 @@ from tenancy_app.access import admin_tenant_ids
 from tenancy_app.admin import ReadOnlyTenantScopedAdmin, TenantScopedAdmin
 from tenancy_app.models import Tenant
 
+from .choices import ApprovalStatus
 from .models import PendingApproval
 from .policy import evaluate, tool_facts
 from .policy_models import ApprovalPolicy, ApprovalRule
@@ -225,12 +226,36 @@ class CallProbeForm(forms.Form):
         return data
 
 
+class ApprovalStatusFilter(admin.SimpleListFilter):
+    """The list is "Pending approvals": it shows the pending ones unless another status (or all)
+    is chosen, so its count is of what still waits for a person."""
+
+    title = "status"
+    parameter_name = "status"
+    ALL = "all"
+
+    def lookups(self, request, model_admin):
+        return [*ApprovalStatus.choices, (self.ALL, "All")]
+
+    def choices(self, changelist):
+        for value, label in self.lookup_choices:
+            yield {
+                "selected": (self.value() or ApprovalStatus.PENDING) == value,
+                "query_string": changelist.get_query_string({self.parameter_name: value}),
+                "display": label,
+            }
+
+    def queryset(self, request, queryset):
+        wanted = self.value() or ApprovalStatus.PENDING
+        return queryset if wanted == self.ALL else queryset.filter(status=wanted)
+
+
 @admin.register(PendingApproval)
 class PendingApprovalAdmin(ReadOnlyTenantScopedAdmin):
     """Read-only: an approval is decided through sessions_app, which also resumes the Session."""
 
     list_display = ["tool", "session_id", "status", "risk", "requested_at", "decided_by", "decided_at"]
-    list_filter = ["status", "risk", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    list_filter = [ApprovalStatusFilter, "risk", ("tenant", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["tool", "call_id", "session_id"]
     readonly_fields = ["arguments_pretty"]
 

@@ -267,3 +267,27 @@ class TestPendingApprovalAdmin:
         assert detail.status_code == 200
         assert not detail.context["has_change_permission"]
         assert tenant_admin.get(f"{ADMIN}/pendingapproval/{approvals['a'].pk}/delete/").status_code == 403
+
+    def test_it_lists_pending_ones_by_default_and_counts_them(self, tenant_admin, approvals, tenant_a):
+        from approvals_app.models import PendingApproval
+
+        decided = PendingApproval.objects.create(
+            tenant=tenant_a,
+            session_id=approvals["a"].session_id,
+            turn_id=2,
+            assistant_message_id=2,
+            call_id="call-decided",
+            tool="fs_write",
+            risk="write",
+            status="approved",
+        )
+
+        pending = tenant_admin.get(f"{ADMIN}/pendingapproval/")
+        assert list(pending.context["cl"].result_list) == [approvals["a"]]
+        assert pending.context["cl"].result_count == 1
+        every = tenant_admin.get(f"{ADMIN}/pendingapproval/?status=all")
+        assert sorted(a.pk for a in every.context["cl"].result_list) == sorted(
+            [approvals["a"].pk, decided.pk]
+        )
+        approved = tenant_admin.get(f"{ADMIN}/pendingapproval/?status=approved")
+        assert list(approved.context["cl"].result_list) == [decided]
