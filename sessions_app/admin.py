@@ -38,9 +38,10 @@ MIN_REQUEST_TOKENS = 1024
 
 class ModelConfigForm(forms.ModelForm):
     base_url = forms.URLField(
-        required=False, assume_scheme="https", help_text="e.g. https://api.openai.com/v1"
+        label="Base URL", required=False, assume_scheme="https", help_text="e.g. https://api.openai.com/v1"
     )
     api_key = forms.CharField(
+        label="API key",
         required=False,
         widget=forms.PasswordInput(render_value=False),
         help_text="Write-only: stored encrypted, never shown. Leave empty to keep the current key.",

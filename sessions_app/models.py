@@ -41,7 +41,9 @@ class ModelConfig(OperatorConfigured, TenantOwnedModel):
     OPERATOR_FIELDS = ("base_url",)
 
     name = models.CharField(max_length=100)
-    base_url = models.URLField(max_length=500, blank=True, help_text="e.g. https://api.openai.com/v1")
+    base_url = models.URLField(
+        "base URL", max_length=500, blank=True, help_text="e.g. https://api.openai.com/v1"
+    )
     api_key_encrypted = models.TextField(blank=True, editable=False)
     model = models.CharField(max_length=200)
     context_window = models.PositiveIntegerField(default=128000)

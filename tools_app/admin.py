@@ -104,7 +104,11 @@ class ToolAdmin(TenantScopedAdmin):
 class MCPServerForm(forms.ModelForm):
     by_operator = False  # set per request by MCPServerAdmin.get_form
     url = forms.URLField(
-        required=False, max_length=500, assume_scheme="https", help_text="Streamable HTTP endpoint"
+        label="URL",
+        required=False,
+        max_length=500,
+        assume_scheme="https",
+        help_text="Streamable HTTP endpoint",
     )
     oauth_client_metadata_url = forms.URLField(
         required=False,

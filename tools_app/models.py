@@ -154,6 +154,7 @@ class MCPServer(OperatorConfigured, TenantOwnedModel):
         default=ClientRegistration.DYNAMIC,
     )
     oauth_client_metadata_url = models.URLField(
+        "OAuth client metadata URL",
         max_length=500,
         blank=True,
         help_text="Client ID metadata document: an https URL used as the client_id.",
