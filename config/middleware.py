@@ -15,7 +15,7 @@ under DEBUG).
 
 from __future__ import annotations
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.core.exceptions import TooManyFieldsSent
 from django.http import JsonResponse
@@ -132,3 +132,45 @@ def _resolves(resolver, path: str) -> bool:
     except Resolver404:
         return False
     return True
+
+
+class ProductNotFoundMiddleware:
+    """Outside `/api/` and the admin, a 404 is the product's page (templates/404.html) in every
+    mode: with DEBUG on (embedded mode, `make run`) Django would otherwise show its technical
+    page, URL patterns and all, for an unknown workspace address."""
+
+    sync_capable = True
+    async_capable = True
+    SKIPPED = (API_PREFIX, "/admin/", settings.STATIC_URL)
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self._async = iscoroutinefunction(get_response)
+        if self._async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if self._async:
+            return self.__acall__(request)
+        return self._product_page(request, self.get_response(request))
+
+    async def __acall__(self, request):
+        response = await self.get_response(request)
+        if self._replaces(request, response):
+            return await sync_to_async(self._product_page)(request, response)
+        return response
+
+    def _replaces(self, request, response) -> bool:
+        return (
+            settings.DEBUG
+            and response.status_code == 404
+            and not request.path.startswith(self.SKIPPED)
+            and response.get("Content-Type", "").startswith("text/html")
+        )
+
+    def _product_page(self, request, response):
+        if not self._replaces(request, response):
+            return response
+        from .views import page_not_found
+
+        return page_not_found(request)

@@ -115,6 +115,8 @@ MIDDLEWARE = [
     # WhiteNoise that also runs async: with every middleware async-capable, a waiting long poll
     # occupies no thread (sessions_app/api/longpoll.py).
     "config.static_middleware.AsyncWhiteNoiseMiddleware",
+    # A 404 outside /api/ and the admin is the product's page, also with DEBUG on.
+    "config.middleware.ProductNotFoundMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     # /api/ only: 413 for declared oversized bodies, 400 for NUL in the path/query, JSON 404s
     # even with DEBUG on. Before CommonMiddleware so its slash redirect never sees an API POST.
