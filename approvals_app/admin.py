@@ -189,16 +189,24 @@ def _describe_deciders(deciders: dict) -> str:
     return ", ".join(who) or "nobody"
 
 
+# A real native tool and arguments it takes (tests/approvals check both against the registry).
+EXAMPLE_TOOL = "fs_delete_files"
+EXAMPLE_ARGUMENTS = {"paths": ["draft_to_delete.md"]}
+
+
 class CallProbeForm(forms.Form):
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.none())
     name = forms.CharField(
         label="Tool name",
         max_length=200,
-        help_text="model-facing, e.g. fs_write_file or example__add; risk, tool sets and source "
-        "are the catalog's",
+        initial=EXAMPLE_TOOL,
+        help_text=f"as the model calls it, e.g. {EXAMPLE_TOOL} or an MCP server's tool as "
+        "<server>__<tool> (example__add); risk, tool sets and source are the catalog's",
     )
     arguments = forms.JSONField(
-        initial=dict, required=False, help_text="the call's arguments (a JSON object)"
+        initial=EXAMPLE_ARGUMENTS,
+        required=False,
+        help_text=f"the call's arguments (a JSON object), e.g. {json.dumps(EXAMPLE_ARGUMENTS)}",
     )
 
     def __init__(self, *args, tenants, **kwargs):

@@ -291,3 +291,13 @@ class TestPendingApprovalAdmin:
         )
         approved = tenant_admin.get(f"{ADMIN}/pendingapproval/?status=approved")
         assert list(approved.context["cl"].result_list) == [decided]
+
+
+def test_the_test_a_call_example_is_a_real_tool_with_valid_arguments():
+    from jsonschema import Draft202012Validator
+
+    from approvals_app.admin import EXAMPLE_ARGUMENTS, EXAMPLE_TOOL
+    from tools_app.registry import NATIVE_TOOLS
+
+    assert EXAMPLE_TOOL in NATIVE_TOOLS
+    Draft202012Validator(NATIVE_TOOLS[EXAMPLE_TOOL].input_schema).validate(EXAMPLE_ARGUMENTS)
