@@ -451,6 +451,9 @@ class Delivery(TenantOwnedModel):
     checks = models.JSONField(default=list)
     # [{"call_id", "tool", "summary"}]
     unresolved_failures = models.JSONField(default=list)
+    # Calls that did not run because a person rejected them (or let them expire) or a rule denied
+    # them: decisions, not failures. [{"call_id", "tool", "decision", "by", "comment"}]
+    decisions = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -460,6 +463,16 @@ class Delivery(TenantOwnedModel):
     @property
     def checks_ok(self) -> bool:
         return all(check.get("ok") for check in self.checks)
+
+    @property
+    def outcome(self) -> str:
+        """`failed` (a failed check or an unresolved failure), `nothing_delivered` (no file, no
+        check: whatever the answer says, nothing was there to check) or `delivered`."""
+        if self.unresolved_failures or not self.checks_ok:
+            return "failed"
+        if not self.files and not self.checks:
+            return "nothing_delivered"
+        return "delivered"
 
 
 class Memory(TenantOwnedModel):

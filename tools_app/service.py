@@ -85,6 +85,15 @@ class _Prepared:
     started: float
 
 
+def refusal_content(stage: str, code: str, message: str) -> str:
+    """What the model reads for a call refused or failed before or while running."""
+    return f"error in {stage} ({code}): {message}"
+
+
+# The start of a call's result when an approval rule denies it: a decision, not a tool failure.
+DENIED_BY_POLICY = refusal_content("approval", "denied", "")
+
+
 class _Refused(Exception):
     def __init__(self, stage: str, code: str, message: str):
         super().__init__(message)
@@ -478,7 +487,7 @@ class ToolService:
             name=name,
             arguments=args,
             ok=False,
-            content=_cap(f"error in {stage} ({code}): {message}", MAX_RESULT_CHARS),
+            content=_cap(refusal_content(stage, code, message), MAX_RESULT_CHARS),
             summary=_one_line(f"{stage}: {message}"),
             error_code=code,
             stage=stage,

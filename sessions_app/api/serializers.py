@@ -525,6 +525,14 @@ class UnresolvedFailureSerializer(serializers.Serializer):
     summary = serializers.CharField()
 
 
+class DeliveryDecisionSerializer(serializers.Serializer):
+    call_id = serializers.CharField()
+    tool = serializers.CharField()
+    decision = serializers.ChoiceField(choices=["rejected", "expired", "denied"])
+    by = serializers.CharField(allow_null=True)
+    comment = serializers.CharField(allow_blank=True)
+
+
 class DeliverySerializer(serializers.ModelSerializer):
     """A completed turn's delivery record: machine checks by real parsers, never the model's word."""
 
@@ -533,7 +541,12 @@ class DeliverySerializer(serializers.ModelSerializer):
     files = DeliveredFileSerializer(many=True)
     checks = ArtifactCheckSerializer(many=True)
     unresolved_failures = UnresolvedFailureSerializer(many=True)
+    decisions = DeliveryDecisionSerializer(many=True)
     checks_ok = serializers.BooleanField()
+    outcome = serializers.ChoiceField(
+        choices=["delivered", "nothing_delivered", "failed"],
+        help_text="failed: a failed check or an unresolved failure; nothing_delivered: no file and no check",
+    )
 
     class Meta:
         model = Delivery
@@ -545,7 +558,9 @@ class DeliverySerializer(serializers.ModelSerializer):
             "files",
             "checks",
             "unresolved_failures",
+            "decisions",
             "checks_ok",
+            "outcome",
             "created_at",
         ]
         read_only_fields = fields

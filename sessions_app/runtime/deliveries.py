@@ -21,7 +21,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from approvals_app.choices import ApprovalStatus
+from approvals_app.models import PendingApproval
 from tools_app.secrets import tenant_redactor
+from tools_app.service import DENIED_BY_POLICY
 from tools_app.workspace import list_tree
 
 from .. import artifacts
@@ -46,6 +49,7 @@ class DeliveryFacts:
     files: list[dict]
     checks: list[dict]
     unresolved_failures: list[dict]
+    decisions: list[dict]
 
 
 def _sha256(path: Path) -> str:
@@ -110,9 +114,38 @@ def _target(raw_arguments) -> str:
     return json.dumps(arguments, sort_keys=True)
 
 
-def unresolved_failures(turn_id: int) -> list[dict]:
+def _decided_calls(turn_id: int) -> dict[str, dict]:
+    """The turn's calls a person rejected or let expire, by call id: {"decision", "by", "comment"}."""
+    rows = PendingApproval.objects.filter(
+        turn_id=turn_id, status__in=[ApprovalStatus.REJECTED, ApprovalStatus.EXPIRED]
+    ).select_related("decided_by")
+    return {
+        row.call_id: {
+            "decision": str(row.status),
+            "by": row.decided_by.get_username() if row.decided_by_id else None,
+            "comment": row.comment or "",
+        }
+        for row in rows
+    }
+
+
+def _decision_of(message, decided: dict[str, dict]) -> dict | None:
+    """A failed result that is a decision (a person's rejection or expiry, a deny rule), or None."""
+    if message.tool_call_id in decided:
+        return decided[message.tool_call_id]
+    content = message.content or ""
+    if content.startswith(DENIED_BY_POLICY):
+        return {"decision": "denied", "by": None, "comment": content[len(DENIED_BY_POLICY) :][:SUMMARY_CHARS]}
+    return None
+
+
+def unresolved_failures(turn_id: int, decisions: list | None = None) -> list[dict]:
+    """The turn's failed calls no later success on the same tool and target made good. Calls that
+    did not run by a decision (rejected, expired, denied) are not failures: they go to
+    `decisions` when a list is given."""
     calls: dict[str, tuple[str, str]] = {}
     failures: list[tuple[str, str, str, str]] = []  # (call_id, tool, target, summary)
+    decided = _decided_calls(turn_id)
     rows = Message.objects.filter(turn_id=turn_id, role__in=[Role.ASSISTANT, Role.TOOL]).order_by("id")
     for message in rows.only("role", "tool_calls", "tool_call_id", "tool_name", "is_error", "content"):
         if message.role == Role.ASSISTANT:
@@ -123,6 +156,11 @@ def unresolved_failures(turn_id: int) -> list[dict]:
                 )
             continue
         tool, target = calls.get(message.tool_call_id, (message.tool_name, ""))
+        decision = _decision_of(message, decided) if message.is_error else None
+        if decision is not None:
+            if decisions is not None:
+                decisions.append({"call_id": message.tool_call_id, "tool": tool, **decision})
+            continue
         if message.is_error:
             summary = (
                 (message.content or "").strip().splitlines()[0]
@@ -161,9 +199,12 @@ def gather(turn: Turn, workspace: Path) -> DeliveryFacts:
         # A file name is the program's to choose too.
         files.append({"path": redactor.redact(rel), "size": size, "sha256": digest})
         checks.append(redactor.redact_data(artifacts.check_file(path, rel, redactor).as_dict()))
+    decisions: list[dict] = []
+    failures = unresolved_failures(turn.pk, decisions)
     return DeliveryFacts(
         final_answer=redactor.redact(final_answer(turn.pk)),
         files=files,
         checks=checks,
-        unresolved_failures=redactor.redact_data(unresolved_failures(turn.pk)),
+        unresolved_failures=redactor.redact_data(failures),
+        decisions=redactor.redact_data(decisions),
     )

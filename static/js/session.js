@@ -1596,19 +1596,25 @@
     const checks = Array.isArray(delivery.checks) ? delivery.checks : [];
     const deliveredFiles = Array.isArray(delivery.files) ? delivery.files : [];
     const failures = Array.isArray(delivery.unresolved_failures) ? delivery.unresolved_failures : [];
+    const decisions = Array.isArray(delivery.decisions) ? delivery.decisions : [];
     const failedChecks = checks.filter((check) => !check.ok).length;
     const ok = delivery.checks_ok !== undefined ? Boolean(delivery.checks_ok) && !failures.length : !failedChecks && !failures.length;
+    // The server's word (one owner for the API and the page); older records are judged the same way.
+    const outcome = delivery.outcome || (!ok ? "failed" : !deliveredFiles.length && !checks.length ? "nothing_delivered" : "delivered");
     const verdict = [];
-    if (!checks.length) verdict.push("no file checks");
+    if (outcome === "nothing_delivered") verdict.push("nothing delivered: no file written, nothing to check");
+    else if (!checks.length) verdict.push("no file checks");
     else if (failedChecks) verdict.push(`${failedChecks} of ${checks.length} check${checks.length === 1 ? "" : "s"} failed`);
     else verdict.push(`all ${checks.length} check${checks.length === 1 ? "" : "s"} passed`);
     if (failures.length) verdict.push(`${failures.length} unresolved tool failure${failures.length === 1 ? "" : "s"}`);
+    if (decisions.length) verdict.push(`${decisions.length} call${decisions.length === 1 ? "" : "s"} not run by decision`);
+    const icon = { delivered: "✓", nothing_delivered: "○", failed: "✗" }[outcome] || "○";
 
     const parts = [
       el(
         "header",
         { className: "delivery-head" },
-        el("span", { className: "delivery-icon", attrs: { "aria-hidden": "true" }, text: ok ? "✓" : "✗" }),
+        el("span", { className: "delivery-icon", attrs: { "aria-hidden": "true" }, text: icon }),
         el("h3", { className: "delivery-title", text: "Delivery" }),
         el("span", {
           className: "badge machine-badge",
@@ -1685,6 +1691,28 @@
         )
       );
     }
+    if (decisions.length) {
+      const said = (decision) =>
+        decision.decision === "denied"
+          ? `Denied by the approval policy${decision.comment ? `: ${decision.comment}` : ""}`
+          : `${decision.decision === "expired" ? "Expired without a decision" : `Rejected by ${decision.by || "a person"}`}${decision.comment ? `: ${decision.comment}` : ""}`;
+      parts.push(
+        el("h4", { text: "Decisions" }),
+        el(
+          "ul",
+          { className: "delivery-decisions", dataset: { testid: "delivery-decisions" } },
+          ...decisions.map((decision) =>
+            el(
+              "li",
+              { dataset: { callId: decision.call_id, decision: decision.decision } },
+              el("span", { className: "check-mark", attrs: { "aria-hidden": "true" }, text: "⊘" }),
+              el("code", { text: decision.tool || "tool" }),
+              el("span", { text: ` not run — ${said(decision)}` })
+            )
+          )
+        )
+      );
+    }
     if (failures.length) {
       parts.push(
         el("h4", { className: "failures-heading", text: "Unresolved failures" }),
@@ -1705,7 +1733,7 @@
     }
     const card = el(
       "li",
-      { className: "delivery-card", dataset: { testid: "delivery-card", deliveryId: key, checksOk: ok ? "true" : "false" } },
+      { className: "delivery-card", dataset: { testid: "delivery-card", deliveryId: key, checksOk: ok ? "true" : "false", outcome } },
       ...parts
     );
     return card;

@@ -144,6 +144,14 @@ def test_a_rejection_by_one_person_shows_live_on_the_other_page(open_page, stack
     expect(answer).to_contain_text("report.html", timeout=LIVE_TIMEOUT_MS)
     expect(answer).to_contain_text(f"did not delete {DRAFT}")
     assert (workspace(stack, sid) / DRAFT).is_file()
+    # The delivery card shows the rejection as a person's decision, not a failure of the tool.
+    delivery = owner.get_by_test_id("delivery-card").last
+    expect(delivery).to_have_attribute("data-outcome", "delivered")
+    expect(delivery).to_have_attribute("data-checks-ok", "true")
+    expect(delivery.get_by_test_id("delivery-failures")).to_have_count(0)
+    expect(delivery.get_by_test_id("delivery-decisions")).to_contain_text(
+        "fs_delete_files not run — Rejected by reviewer"
+    )
 
 
 def ask_for_report_and_cleanup(page, stack, title):

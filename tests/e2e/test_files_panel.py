@@ -720,3 +720,20 @@ def test_a_delivery_with_a_failed_read_shows_it_in_red(open_page, tmp_path):
     expect(card.get_by_test_id("delivery-verdict")).to_contain_text("unresolved tool failure")
     expect(page.get_by_test_id("file-row")).to_have_count(0)
     card.screenshot(path=str(tmp_path / "failed-delivery.png"))
+
+
+def test_a_turn_that_delivered_nothing_gets_a_neutral_card(open_page):
+    """A turn of words only (the demo explains itself) checked nothing: no green tick."""
+    page = open_page()
+    new_session(page, "Files: words only")
+    page.get_by_test_id("composer-input").fill("What can you do?")
+    page.get_by_test_id("send-button").click()
+    card = page.get_by_test_id("delivery-card")
+    expect(card).to_have_count(1, timeout=LIVE_TIMEOUT_MS)
+    expect(card).to_have_attribute("data-outcome", "nothing_delivered")
+    expect(card.get_by_test_id("delivery-verdict")).to_have_text(
+        "nothing delivered: no file written, nothing to check"
+    )
+    expect(card.locator(".delivery-icon")).to_have_text("○")
+    green = "rgb(31, 122, 61)"  # --ok
+    assert card.locator(".delivery-verdict").evaluate("(node) => getComputedStyle(node).color") != green

@@ -89,6 +89,7 @@ class TestS1:
             "turn_id": delivery["turn"],
             "checks_ok": True,
             "unresolved": 0,
+            "outcome": "delivered",
         }
         turn_ended = SessionEvent.objects.get(session=session_a, type="turn.ended")
         assert event.seq < turn_ended.seq

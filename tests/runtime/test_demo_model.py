@@ -344,3 +344,96 @@ def test_in_a_goal_run_without_tickets_it_says_it_is_blocked(session, owner_a):
     run.refresh_from_db()
     assert (run.status, run.rounds_done) == ("stopped", 1)
     assert run.last_reason.startswith("round 1: the agent said it is blocked: I could not read tickets.csv")
+
+
+# --- the delivery record's outcome: one owner for the API and the card ---------------------------
+
+
+def _delivery(session) -> dict:
+    from sessions_app.api.serializers import DeliverySerializer
+    from sessions_app.models import Delivery
+
+    return DeliverySerializer(Delivery.objects.filter(session=session).order_by("-id").first()).data
+
+
+def _tickets_from_before(session):
+    """tickets.csv as a person uploaded it earlier (not a file this turn produced)."""
+    import os
+    import time
+
+    _upload_tickets(session)
+    earlier = time.time() - 3600
+    os.utime(engine.workspace_path(session) / "tickets.csv", (earlier, earlier))
+
+
+def test_a_turn_of_words_only_has_nothing_delivered(session):
+    send(session, "What can you do?")  # the demo explains itself: no file, no check
+    drive_until_idle(session)
+
+    delivery = _delivery(session)
+    assert (delivery["outcome"], delivery["files"], delivery["checks"]) == ("nothing_delivered", [], [])
+
+
+def test_a_report_written_and_checked_is_delivered(session):
+    _tickets_from_before(session)
+    send(session, ASK)
+    drive_until_idle(session)
+
+    delivery = _delivery(session)
+    assert delivery["outcome"] == "delivered" and delivery["checks_ok"]
+    assert {f["path"] for f in delivery["files"]} == {"report.html", "kpis.csv"}
+
+
+def test_a_rejection_is_a_decision_not_a_tool_failure(session, tenant_a, owner_a):
+    policy = ApprovalPolicy.objects.create(tenant=tenant_a, name="Careful writes", priority=1)
+    ApprovalRule.objects.create(
+        tenant=tenant_a, policy=policy, tool_glob="fs_write", action=PolicyAction.REQUIRE_APPROVAL
+    )
+    _tickets_from_before(session)
+    send(session, ASK)
+    drive_until_idle(session)
+    rejected = PendingApproval.objects.get(session_id=session.pk)
+    brain.submit_decision(rejected, "reject", comment="not this week", user=owner_a)
+    drive_until_idle(session)
+    brain.submit_decision(
+        PendingApproval.objects.get(session_id=session.pk, status="pending"), "approve", user=owner_a
+    )
+    drive_until_idle(session)
+
+    delivery = _delivery(session)
+    assert delivery["unresolved_failures"] == []
+    assert delivery["decisions"] == [
+        {
+            "call_id": rejected.call_id,
+            "tool": "fs_write",
+            "decision": "rejected",
+            "by": owner_a.get_username(),
+            "comment": "not this week",
+        }
+    ]
+    assert delivery["outcome"] == "delivered"  # kpis.csv was written and passed its check
+
+
+def test_a_deny_rule_is_a_decision_and_a_failed_read_a_failure(session, tenant_a):
+    policy = ApprovalPolicy.objects.create(tenant=tenant_a, name="No writes", priority=1)
+    ApprovalRule.objects.create(
+        tenant=tenant_a,
+        policy=policy,
+        tool_glob="fs_write",
+        action=PolicyAction.DENY,
+        reason="read-only week",
+    )
+    _tickets_from_before(session)
+    send(session, ASK)
+    drive_until_idle(session)
+
+    delivery = _delivery(session)
+    assert [d["decision"] for d in delivery["decisions"]] == ["denied", "denied"]
+    assert "read-only week" in delivery["decisions"][0]["comment"]
+    assert delivery["unresolved_failures"] == [] and delivery["outcome"] == "nothing_delivered"
+
+    other = new_session(tenant_a, session.owner)
+    send(other, ASK)  # no tickets.csv: the read fails
+    drive_until_idle(other)
+    failed = _delivery(other)
+    assert failed["outcome"] == "failed" and failed["unresolved_failures"][0]["tool"] == "fs_read"

@@ -257,6 +257,7 @@ def _record_delivery(session: Session, turn: Turn, facts: deliveries.DeliveryFac
         files=facts.files,
         checks=facts.checks,
         unresolved_failures=facts.unresolved_failures,
+        decisions=facts.decisions,
     )
     emit(
         session,
@@ -266,6 +267,7 @@ def _record_delivery(session: Session, turn: Turn, facts: deliveries.DeliveryFac
             "turn_id": turn.pk,
             "checks_ok": delivery.checks_ok,
             "unresolved": len(facts.unresolved_failures),
+            "outcome": delivery.outcome,
         },
     )
     return delivery
