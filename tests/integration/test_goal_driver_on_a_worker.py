@@ -36,7 +36,7 @@ def test_a_goal_run_stops_at_its_round_limit_on_a_worker(api_owner_a, model_conf
     assert (run["status"], run["rounds_done"]) == ("stopped", 3)
     assert run["last_decision"] == {
         "decision": "stop",
-        "reason": "round limit reached (3 rounds)",
+        "reason": "round limit reached (3 rounds), the agent never said the goal was complete",
         "round": 3,
     }
     assert run["tokens_used"] > 0
