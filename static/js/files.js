@@ -367,10 +367,15 @@
           progress.value = 1;
           // The server keeps a safe name (no folders in it, within the file system's length):
           // when that is not the name given, say so and what it became.
-          status.textContent =
-            result && result.path && result.path !== name ? `uploaded — the name was changed to ${result.path}` : "uploaded";
+          const renamed = Boolean(result && result.path && result.path !== name);
+          status.textContent = renamed ? `uploaded — the name was changed to ${result.path}` : "uploaded";
           status.title = status.textContent;
-          setTimeout(() => row.remove(), DONE_UPLOAD_VISIBLE_MS);
+          if (renamed) {
+            row.dataset.renamed = "true";
+            dismiss.hidden = false; // a changed name stays until read and dismissed
+          } else {
+            setTimeout(() => row.remove(), DONE_UPLOAD_VISIBLE_MS);
+          }
         },
         failed(message) {
           row.dataset.state = "error";

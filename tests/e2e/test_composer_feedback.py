@@ -74,12 +74,29 @@ def test_a_long_file_name_is_cut_on_screen_with_the_whole_name_on_hover(page, tm
     upload = tmp_path / name
     upload.write_text("a,b\n1,2\n")
     page.get_by_test_id("upload-input").set_input_files(str(upload))
-    row = page.locator(f"[data-testid=upload][data-name='{name}']")
-    expect(row).to_have_attribute("data-state", "done")
-    label = row.locator(".upload-name")
-    expect(label).to_have_attribute("title", name)
+    # The workspace tree keeps it: one cut line, the whole name on hover.
+    opener = page.locator(f"[data-testid=file-open][title='Preview {name}']")
+    expect(opener).to_be_visible(timeout=LIVE_TIMEOUT_MS)
+    label = opener.locator(".file-name")
     box = label.evaluate("node => [node.getBoundingClientRect().height, node.scrollWidth > node.clientWidth]")
     assert box[0] < 30 and box[1], f"the name should be one cut line, got height/overflow {box}"
     side = page.locator("aside.side").evaluate("node => node.getBoundingClientRect().width")
     assert side < 0.4 * 1360, f"the side column grew to {side}px"
-    expect(page.locator(f"[data-testid=file-open][title='Preview {name}']")).to_be_visible()
+
+
+def test_an_upload_whose_name_was_changed_says_so_until_dismissed(page, tmp_path):
+    open_new_session(page, "Changed names")
+    name = "x" * 300 + ".csv"  # longer than a file name may be: the server shortens it
+    upload = tmp_path / "long.csv"
+    upload.write_text("a,b\n1,2\n")
+    page.get_by_test_id("upload-input").set_input_files(
+        {"name": name, "mimeType": "text/csv", "buffer": upload.read_bytes()}
+    )
+    row = page.locator("[data-testid=upload][data-renamed=true]")
+    expect(row).to_be_visible(timeout=LIVE_TIMEOUT_MS)
+    expect(row.locator(".upload-name")).to_have_attribute("title", name)
+    expect(row.locator(".upload-status")).to_contain_text("the name was changed to")
+    page.wait_for_timeout(6000)  # past the time a plain "uploaded" row stays
+    expect(row).to_be_visible()
+    row.locator(".upload-dismiss").click()
+    expect(row).to_have_count(0)
