@@ -2675,7 +2675,8 @@
   async function send() {
     const text = ui.input.value;
     if (!text.trim()) {
-      note("Type a message first: an empty message is not sent.");
+      // Kept (as an error note) until the person types: a status event must not clear it.
+      note("Type a message first: an empty message is not sent.", true);
       ui.input.focus();
       return;
     }

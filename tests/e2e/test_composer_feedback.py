@@ -30,6 +30,10 @@ def open_new_session(page, title: str) -> None:
     page.get_by_test_id("new-session-title").fill(title)
     page.get_by_test_id("new-session-submit").click()
     expect(page).to_have_url(SESSION_URL)
+    # session.js and files.js are running (the socket is up) before anything is clicked.
+    expect(page.get_by_test_id("live-indicator")).to_have_attribute(
+        "data-state", "live", timeout=LIVE_TIMEOUT_MS
+    )
 
 
 def test_empty_and_over_limit_messages_are_explained_and_nothing_is_cut(page):
