@@ -583,6 +583,12 @@ XAGENT_SKILL_MAX_BYTES = _positive_int("XAGENT_SKILL_MAX_BYTES", 5 * 1024 * 1024
 # Request limits: a body over DATA_UPLOAD_MAX_MEMORY_SIZE answers 413 `payload_too_large`;
 # JSON nested deeper than XAGENT_JSON_MAX_DEPTH answers 400.
 DATA_UPLOAD_MAX_MEMORY_SIZE = _positive_int("XAGENT_MAX_BODY_BYTES", 2_621_440)
+# The first handler notes each file's name as sent, so an upload kept under a shorter name says so.
+FILE_UPLOAD_HANDLERS = [
+    "sessions_app.upload_names.RequestedUploadNames",
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
 XAGENT_JSON_MAX_DEPTH = _positive_int("XAGENT_JSON_MAX_DEPTH", 32)
 # Long polls (`GET …/events/?wait=`) hold no database connection while waiting; this bounds
 # how many one API key (or browser user) may hold open at once. Beyond it: 429 `throttled`.

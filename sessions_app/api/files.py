@@ -45,6 +45,7 @@ from tools_app.workspace import (
 from .. import artifacts
 from ..models import Delivery
 from ..runtime import engine
+from ..upload_names import requested_upload_name
 from .serializers import DeliverySerializer, WorkspaceEntrySerializer
 
 MAX_TREE_ENTRIES = 5000
@@ -124,8 +125,29 @@ UPLOADED = inline_serializer(
         "path": serializers.CharField(),
         "size": serializers.IntegerField(),
         "op": serializers.ChoiceField(choices=["created", "modified"]),
+        "name_changed": serializers.BooleanField(
+            help_text="The file was kept under another name than the one sent (see `requested_name`)."
+        ),
+        "requested_name": serializers.CharField(
+            help_text="The file name as the request sent it, before any change for safety."
+        ),
+        "name_change_reason": serializers.CharField(
+            allow_null=True, help_text="Why the name changed; null when it did not."
+        ),
     },
 )
+
+
+def _name_change(requested: str, kept: str, user_path: str | None) -> str | None:
+    """Why the file kept under `kept` (a workspace path) is not named `requested`, or None."""
+    if user_path and not user_path.strip().endswith("/"):
+        return None  # the request named the path itself
+    kept_name = kept.rsplit("/", 1)[-1]
+    if kept_name == requested:
+        return None
+    if len(requested) > len(kept_name):
+        return f"the name was shortened to {len(kept_name)} characters, the longest a file name may be"
+    return "the name was changed to one the workspace can keep"
 
 
 class SessionFilesMixin:
@@ -231,7 +253,19 @@ class SessionFilesMixin:
             ) from None
         rel = relative_posix(workspace, target)
         engine.record_person_file_change(session.pk, rel, op, request.user)
-        return Response({"path": rel, "size": upload.size, "op": op}, status=status.HTTP_201_CREATED)
+        requested = requested_upload_name(request, "file", upload.name)
+        reason = _name_change(requested, rel, user_path)
+        return Response(
+            {
+                "path": rel,
+                "size": upload.size,
+                "op": op,
+                "name_changed": reason is not None,
+                "requested_name": requested,
+                "name_change_reason": reason,
+            },
+            status=status.HTTP_201_CREATED,
+        )
 
     @extend_schema(
         operation_id="sessions_files_retrieve",

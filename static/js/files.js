@@ -365,10 +365,12 @@
         done(result) {
           row.dataset.state = "done";
           progress.value = 1;
-          // The server keeps a safe name (no folders in it, within the file system's length):
-          // when that is not the name given, say so and what it became.
-          const renamed = Boolean(result && result.path && result.path !== name);
-          status.textContent = renamed ? `uploaded — the name was changed to ${result.path}` : "uploaded";
+          // The server keeps a safe name (within the file system's length) and says when that
+          // is not the name given: the row says so, what it became and why.
+          const renamed = Boolean(result && result.name_changed);
+          status.textContent = renamed
+            ? `uploaded — the name was changed to ${result.path}${result.name_change_reason ? ` (${result.name_change_reason})` : ""}`
+            : "uploaded";
           status.title = status.textContent;
           if (renamed) {
             row.dataset.renamed = "true";

@@ -100,6 +100,7 @@ def test_an_upload_whose_name_was_changed_says_so_until_dismissed(page, tmp_path
     expect(row).to_be_visible(timeout=LIVE_TIMEOUT_MS)
     expect(row.locator(".upload-name")).to_have_attribute("title", name)
     expect(row.locator(".upload-status")).to_contain_text("the name was changed to")
+    expect(row.locator(".upload-status")).to_contain_text("shortened to 255 characters")
     page.wait_for_timeout(6000)  # past the time a plain "uploaded" row stays
     expect(row).to_be_visible()
     row.locator(".upload-dismiss").click()

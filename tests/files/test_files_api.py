@@ -7,6 +7,7 @@ alice (owner_a) uploads and reads her Session's files; charlie (outsider_b) of t
 
 from __future__ import annotations
 
+import io
 import os
 
 import pytest
@@ -56,7 +57,14 @@ class TestUpload:
         response = upload(api_owner_a, session_a, "tickets.csv", b"a,b\n1,2\n")
 
         assert response.status_code == 201, response.content
-        assert response.json() == {"path": "tickets.csv", "size": 8, "op": "created"}
+        assert response.json() == {
+            "path": "tickets.csv",
+            "size": 8,
+            "op": "created",
+            "name_changed": False,
+            "requested_name": "tickets.csv",
+            "name_change_reason": None,
+        }
         assert (workspace / "tickets.csv").read_bytes() == b"a,b\n1,2\n"
         assert file_events(session_a) == [{"path": "tickets.csv", "op": "created", "by": owner_a.username}]
 
@@ -71,7 +79,8 @@ class TestUpload:
         upload(api_owner_a, session_a, "notes.md", b"one")
         response = upload(api_owner_a, session_a, "notes.md", b"two!")
 
-        assert response.json() == {"path": "notes.md", "size": 4, "op": "modified"}
+        body = response.json()
+        assert (body["path"], body["size"], body["op"]) == ("notes.md", 4, "modified")
         assert (workspace / "notes.md").read_bytes() == b"two!"
 
     def test_an_upload_is_attachable_to_the_next_input(self, api_owner_a, session_a):
@@ -461,6 +470,37 @@ class TestHostileNames:
 
         assert upload(api_owner_a, session_a, name, b"x").status_code == 201
         assert (workspace / name).read_bytes() == b"x"
+
+        body = upload(api_owner_a, session_a, name, b"x").json()
+        assert (body["name_changed"], body["requested_name"], body["name_change_reason"]) == (
+            False,
+            name,
+            None,
+        )
+
+    def test_a_name_too_long_is_shortened_and_the_answer_says_so(self, api_owner_a, session_a, workspace):
+        name = "report-" + "n" * 290 + ".csv"
+
+        part = io.BytesIO(b"a,b\n")
+        part.name = name  # sent as is (a SimpleUploadedFile would cut it to 255 before sending)
+
+        response = api_owner_a.post(files_url(session_a), {"file": part}, format="multipart")
+
+        assert response.status_code == 201, response.content
+        body = response.json()
+        kept = body["path"]
+        assert body["name_changed"] is True and body["requested_name"] == name
+        assert kept.endswith(".csv") and len(kept) == 255 and (workspace / kept).read_bytes() == b"a,b\n"
+        assert "shortened to 255 characters" in body["name_change_reason"]
+
+    def test_a_path_the_request_names_is_not_a_name_change(self, api_owner_a, session_a, workspace):
+        body = upload(api_owner_a, session_a, "draft.txt", b"x", path="notes/final.txt").json()
+
+        assert (body["path"], body["name_changed"], body["name_change_reason"]) == (
+            "notes/final.txt",
+            False,
+            None,
+        )
 
     @pytest.mark.parametrize("path", ["x" * 300, "x/" * 3000 + "y"])
     def test_names_over_the_file_system_limits_are_400(self, api_owner_a, session_a, path):
