@@ -30,6 +30,7 @@ from .models import (
 )
 from .runtime import engine
 from .runtime.engine.goals import MAX_GOAL_CHARS
+from .runtime.llm.connection_check import check_connection
 from .runtime.llm.tokens import context_budget
 
 # The least room a model configuration must leave for a request (the context budget).
@@ -128,6 +129,82 @@ class ModelConfigAdmin(TenantScopedAdmin):
     def has_key(self, obj):
         return bool(obj.api_key_encrypted)
 
+    actions = ["test_connections"]
+
+    @property
+    def change_form_template(self):
+        return engines["django"].from_string(_MODEL_CONFIG_CHANGE_FORM)
+
+    def get_urls(self):
+        custom = [
+            path(
+                "<path:object_id>/test-connection/",
+                self.admin_site.admin_view(self.test_connection_view),
+                name="sessions_app_modelconfig_test_connection",
+            )
+        ]
+        return custom + super().get_urls()
+
+    def test_connection_view(self, request, object_id):
+        """Asks the endpoint for its model list with the saved URL and key (through the outbound
+        guard when a tenant admin set the URL) and shows the list or the error. A POST: it sends
+        the key out. Only configurations this admin may change."""
+        config = self.get_object(request, object_id)
+        if config is None or not self.has_change_permission(request, config):
+            raise Http404("No such model configuration.")
+        check = check_connection(config) if request.method == "POST" else None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Test connection: {config.name}",
+            "config": config,
+            "check": check,
+        }
+        return TemplateResponse(request, engines["django"].from_string(_TEST_CONNECTION), context)
+
+    @admin.action(description="Test connection of the selected model configurations")
+    def test_connections(self, request, queryset):
+        for config in queryset[:10]:  # each waits on a remote endpoint, up to 15 s
+            check = check_connection(config)
+            self.message_user(
+                request, f"{config.name}: {check.summary}", messages.SUCCESS if check.ok else messages.ERROR
+            )
+
+
+_MODEL_CONFIG_CHANGE_FORM = """{% extends "admin/change_form.html" %}
+{% block object-tools-items %}
+{% if original.pk %}<li><a href="{% url 'admin:sessions_app_modelconfig_test_connection' original.pk %}"
+ data-testid="test-connection">Test connection</a></li>{% endif %}
+{{ block.super }}
+{% endblock %}"""
+
+_TEST_CONNECTION = """{% extends "admin/base_site.html" %}
+{% block breadcrumbs %}<div class="breadcrumbs">
+<a href="{% url 'admin:index' %}">Home</a> &rsaquo;
+<a href="{% url 'admin:sessions_app_modelconfig_changelist' %}">{{ opts.verbose_name_plural|capfirst }}</a> &rsaquo;
+<a href="{% url 'admin:sessions_app_modelconfig_change' config.pk %}">{{ config }}</a> &rsaquo; Test connection</div>
+{% endblock %}
+{% block content %}
+<p>Asks <code>{{ config.base_url|default:"https://api.openai.com/v1" }}</code> for its model list with the
+saved API key{% if not config.configured_by_operator %}, through the outbound guard (as a Session's calls
+go){% endif %}. Save the form first: the test uses what is saved.</p>
+<form method="post">{% csrf_token %}
+<div class="submit-row"><input type="submit" class="default" value="Test connection"></div>
+</form>
+{% if check %}
+{% if check.ok %}
+<h2 id="connection-result" data-ok="true">Connected: {{ check.models|length|add:check.more_models }} model(s)</h2>
+<p>{% if check.configured_model_offered %}The configured model <code>{{ check.configured_model }}</code>
+is among them.{% else %}The configured model <code>{{ check.configured_model }}</code> is <strong>not</strong>
+among them: check its name.{% endif %}</p>
+<ul id="connection-models">{% for name in check.models %}<li><code>{{ name }}</code></li>{% endfor %}</ul>
+{% if check.more_models %}<p>… and {{ check.more_models }} more.</p>{% endif %}
+{% else %}
+<h2 id="connection-result" data-ok="false">Not connected</h2>
+<p class="errornote">{{ check.error }}</p>
+{% endif %}
+{% endif %}
+{% endblock %}"""
 
 _EDIT_GOALS = """{% extends "admin/base_site.html" %}
 {% block breadcrumbs %}<div class="breadcrumbs">

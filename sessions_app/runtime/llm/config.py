@@ -49,6 +49,21 @@ def tenant_default_config(tenant_id) -> ModelConfig | None:
     return ModelConfig.objects.for_tenant(tenant_id).filter(is_default=True).first()
 
 
+def effective_model_of(config: ModelConfig) -> EffectiveModel:
+    return EffectiveModel(
+        provider=OPENAI_PROVIDER,
+        name=config.name,
+        model=config.model,
+        base_url=config.base_url,
+        # Local OpenAI-compatible servers (vLLM, Ollama) accept any key; the SDK insists on one.
+        api_key=decrypt(config.api_key_encrypted) or "not-needed",
+        context_window=config.context_window,
+        max_output_tokens=config.max_output_tokens,
+        temperature=config.temperature,
+        guarded=not config.configured_by_operator,
+    )
+
+
 def resolve_model(session: Session, tenant_default=_LOOK_UP) -> EffectiveModel:
     """`tenant_default`: the tenant's default ModelConfig (or None) when the caller has it
     already — a list of Sessions looks it up once, not once per row."""
@@ -56,18 +71,7 @@ def resolve_model(session: Session, tenant_default=_LOOK_UP) -> EffectiveModel:
     if config is None:
         config = tenant_default_config(session.tenant_id) if tenant_default is _LOOK_UP else tenant_default
     if config is not None:
-        return EffectiveModel(
-            provider=OPENAI_PROVIDER,
-            name=config.name,
-            model=config.model,
-            base_url=config.base_url,
-            # Local OpenAI-compatible servers (vLLM, Ollama) accept any key; the SDK insists on one.
-            api_key=decrypt(config.api_key_encrypted) or "not-needed",
-            context_window=config.context_window,
-            max_output_tokens=config.max_output_tokens,
-            temperature=config.temperature,
-            guarded=not config.configured_by_operator,
-        )
+        return effective_model_of(config)
     if settings.XAGENT_MODEL_PROVIDER:
         return EffectiveModel(
             provider=IN_PROCESS_PROVIDER,
