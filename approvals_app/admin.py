@@ -26,14 +26,21 @@ from tenancy_app.models import Tenant
 
 from .choices import ApprovalStatus
 from .models import PendingApproval
-from .policy import evaluate, tool_facts
+from .policy import evaluate, rule_vocabulary, tool_facts
 from .policy_models import ApprovalPolicy, ApprovalRule
+from .rule_widgets import ApprovalRuleForm
 
 # Kept inline so the admin ships as one module; they only extend Django's own admin templates.
 _CHANGE_LIST = """{% extends "admin/change_list.html" %}
 {% block object-tools-items %}
 <li><a href="{% url 'admin:approvals_app_approvalpolicy_test' %}">Test a call</a></li>
 {{ block.super }}
+{% endblock %}"""
+
+_CHANGE_FORM = """{% extends "admin/change_form.html" %}
+{% block content %}{{ block.super }}
+<datalist id="approval-tool-names">{% for name in rule_tool_names %}<option value="{{ name }}">{% endfor %}</datalist>
+<datalist id="approval-toolset-names">{% for name in rule_toolset_names %}<option value="{{ name }}">{% endfor %}</datalist>
 {% endblock %}"""
 
 _TEST_CALL = """{% extends "admin/base_site.html" %}
@@ -83,21 +90,18 @@ def _is_tenant_admin(request) -> bool:
     return user.is_active and user.is_staff and bool(getattr(request, cache_attr))
 
 
-class ApprovalRuleInline(admin.TabularInline):
+class ApprovalRuleInline(admin.StackedInline):
+    """One rule per block, in plain fields: which calls (tool picker, tool set, risk, source,
+    argument condition rows), then what happens (action, who decides, expiry, reason). The JSON
+    of conditions and deciders sits behind "Advanced"."""
+
     model = ApprovalRule
+    form = ApprovalRuleForm
     extra = 1
-    fields = [
-        "position",
-        "enabled",
-        "tool_glob",
-        "toolset",
-        "risk",
-        "source",
-        "argument_conditions",
-        "action",
-        "deciders",
-        "expires_after_hours",
-        "reason",
+    fieldsets = [
+        (None, {"fields": [("position", "enabled")]}),
+        ("Which calls", {"fields": [("tool_glob", "toolset"), ("risk", "source"), "argument_conditions"]}),
+        ("What happens", {"fields": [("action", "expires_after_hours"), "deciders", "reason"]}),
     ]
 
     # Rules follow their policy: whoever may manage the (already tenant-scoped) policy manages its rules.
@@ -125,6 +129,16 @@ class ApprovalPolicyAdmin(TenantScopedAdmin):
     @property
     def change_list_template(self):
         return _template(_CHANGE_LIST)
+
+    @property
+    def change_form_template(self):
+        return _template(_CHANGE_FORM)
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        # The rule editor suggests the names of the policy's tenant (or the admin's tenants).
+        tenant_ids = [obj.tenant_id] if obj is not None else self._tenant_ids(request)
+        context["rule_tool_names"], context["rule_toolset_names"] = rule_vocabulary(tenant_ids)
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     @admin.display(description="rules")
     def rule_count(self, obj):

@@ -96,6 +96,22 @@ def register_tool_facts(provider: ToolFacts) -> None:
     _tool_facts = provider
 
 
+RuleVocabulary = Callable[[list[int]], "tuple[list[str], list[str]]"]
+_rule_vocabulary: RuleVocabulary | None = None
+
+
+def register_rule_vocabulary(provider: RuleVocabulary) -> None:
+    """Called once by the tool catalog: `provider(tenant_ids)` returns (tool names, tool set
+    names) those tenants have, global ones included — what the rule editor suggests."""
+    global _rule_vocabulary
+    _rule_vocabulary = provider
+
+
+def rule_vocabulary(tenant_ids: list[int]) -> tuple[list[str], list[str]]:
+    """(tool names, tool set names) to suggest in a rule of these tenants; empty without a catalog."""
+    return _rule_vocabulary(tenant_ids) if _rule_vocabulary is not None else ([], [])
+
+
 def tool_facts(tenant_id: int, tool_name: str) -> CallFacts | None:
     """The catalog's facts about a tool of this tenant (by its model-facing name), or None."""
     if _tool_facts is None:

@@ -8,10 +8,10 @@ class ToolsConfig(AppConfig):
     def ready(self):
         from django.db.models.signals import post_delete, post_migrate
 
-        from approvals_app.policy import register_tool_facts
+        from approvals_app.policy import register_rule_vocabulary, register_tool_facts
         from tenancy_app.versioning import track_configuration
 
-        from .catalog import policy_facts_for
+        from .catalog import policy_facts_for, rule_vocabulary
         from .models import MCPServer, SandboxPolicy, Secret, Tool, ToolSet
 
         post_migrate.connect(_sync_native_tools, sender=self)
@@ -19,6 +19,7 @@ class ToolsConfig(AppConfig):
         post_delete.connect(_remove_server_directory, sender=MCPServer)
         # approvals_app sits below tools_app: its "Test a call" reads a tool's facts through this port.
         register_tool_facts(policy_facts_for)
+        register_rule_vocabulary(rule_vocabulary)  # the rule editor's tool and tool set suggestions
         track_configuration(MCPServer, ToolSet, Tool, SandboxPolicy, Secret)
         # The MCP SDK is not imported here (about a second of every process start): the pool and
         # the client load it with the first MCP connection.

@@ -137,6 +137,17 @@ def sandbox_limits_for(tenant_id: int):
     return within_ceilings(limits, settings.XAGENT_SANDBOX_CEILINGS)
 
 
+def rule_vocabulary(tenant_ids: list[int]) -> tuple[list[str], list[str]]:
+    """(tool names, tool set names) of these tenants and the global ones: what the approval rule
+    editor suggests. Without a tenant, the global ones only."""
+    tools: set[str] = set(NATIVE_TOOLS)
+    toolsets: set[str] = set()
+    for tenant_id in tenant_ids or [None]:
+        tools.update(Tool.objects.for_tenant(tenant_id).values_list("name", flat=True))
+        toolsets.update(ToolSet.objects.for_tenant(tenant_id).values_list("name", flat=True))
+    return sorted(tools), sorted(toolsets)
+
+
 def tenant_tool_names(tenant_id: int) -> set[str]:
     """Every tool name this tenant has (loaded in a Session or not): tells "not loaded" from "unknown"."""
     return set(Tool.objects.for_tenant(tenant_id).values_list("name", flat=True)) | set(NATIVE_TOOLS)

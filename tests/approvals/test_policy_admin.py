@@ -175,6 +175,114 @@ class TestPolicyAddForm:
         assert added.tenant == tenant_a
 
 
+class TestStructuredRuleEditor:
+    """Rules are edited in plain fields (issue #27): condition rows, decider checkboxes, suggested
+    tool and tool set names; the JSON only behind "Advanced"."""
+
+    @staticmethod
+    def structured(rule: dict, conditions=(), deciders=("session_owner", "tenant_admins")) -> dict:
+        """The add form as the browser posts it: the JSON inputs are the advanced ones."""
+        data = {
+            "rules-0-argument_conditions__structured": "1",
+            "rules-0-argument_conditions": "[]",
+            "rules-0-deciders__structured": "1",
+            "rules-0-deciders": "{}",
+            **{f"rules-0-deciders__{flag}": "on" for flag in deciders},
+            **rule,
+        }
+        for index, (path, regex, negate) in enumerate([*conditions, ("", "", False)]):
+            data[f"rules-0-argument_conditions__path_{index}"] = path
+            data[f"rules-0-argument_conditions__regex_{index}"] = regex
+            if negate:
+                data[f"rules-0-argument_conditions__negate_{index}"] = "on"
+        return data
+
+    def post(self, client, tenant, fields: dict):
+        data = add_form(tenant, {})
+        del data["rules-0-argument_conditions"], data["rules-0-deciders"]
+        data.update(fields)
+        return client.post(f"{ADMIN}/approvalpolicy/add/", data)
+
+    def test_the_page_offers_fields_not_json(self, tenant_admin, policies, tenant_a, tenant_b):
+        from tools_app.models import Tool, ToolSet
+
+        Tool.objects.create(tenant=tenant_a, name="acme_crm_lookup")
+        Tool.objects.create(tenant=tenant_b, name="bravo_secret_tool")
+        ToolSet.objects.create(tenant=tenant_a, name="acme_crm")
+
+        page = tenant_admin.get(f"{ADMIN}/approvalpolicy/add/").content.decode()
+
+        assert 'data-testid="condition-rows"' in page and 'data-testid="decider-choices"' in page
+        assert 'name="rules-0-argument_conditions__path_0"' in page
+        assert 'name="rules-0-deciders__session_owner" checked' in page
+        assert 'name="rules-0-deciders__role_member">' in page
+        assert page.count("<summary>Advanced: JSON</summary>") >= 2
+        tool_list = page.split('<datalist id="approval-tool-names">')[1].split("</datalist>")[0]
+        assert '"fs_delete_files"' in tool_list and '"acme_crm_lookup"' in tool_list
+        assert "bravo_secret_tool" not in page
+        assert '<option value="acme_crm">' in page.split('id="approval-toolset-names"')[1]
+        assert 'list="approval-tool-names"' in page
+
+    def test_rows_and_checkboxes_are_stored_as_the_rules_json(self, tenant_admin, policies, tenant_a):
+        fields = self.structured(
+            {},
+            conditions=[("paths[*]", "^drafts/", True), ("mode", "^overwrite$", False)],
+            deciders=("tenant_admins", "role_member"),
+        )
+
+        response = self.post(tenant_admin, tenant_a, fields)
+
+        assert response.status_code == 302, response.context and response.context["errors"]
+        rule = ApprovalPolicy.objects.get(name="Drafts only").rules.get()
+        assert rule.argument_conditions == [
+            {"path": "paths[*]", "regex": "^drafts/", "negate": True},
+            {"path": "mode", "regex": "^overwrite$"},
+        ]
+        assert rule.deciders == {"session_owner": False, "tenant_admins": True, "roles": ["member"]}
+
+    def test_a_half_filled_row_is_an_error_that_keeps_what_was_typed(self, tenant_admin, policies, tenant_a):
+        fields = self.structured({}, conditions=[("paths[*]", "", False)])
+
+        response = self.post(tenant_admin, tenant_a, fields)
+
+        assert response.status_code == 200
+        errors = response.context["inline_admin_formsets"][0].formset.errors[0]
+        assert errors["argument_conditions"] == ["condition 1 needs a non-empty 'regex'"]
+        assert 'name="rules-0-argument_conditions__path_0" value="paths[*]"' in response.content.decode()
+        assert not ApprovalPolicy.objects.filter(name="Drafts only").exists()
+
+    def test_nobody_to_decide_is_an_error(self, tenant_admin, policies, tenant_a):
+        response = self.post(tenant_admin, tenant_a, self.structured({}, deciders=()))
+
+        errors = response.context["inline_admin_formsets"][0].formset.errors[0]
+        assert "At least one kind of person must be able to decide." in str(errors["deciders"])
+
+    def test_the_advanced_json_is_used_when_ticked(self, tenant_admin, policies, tenant_a):
+        conditions = [{"path": "paths.0", "regex": "secret"}]
+        fields = self.structured({}, conditions=[("ignored", "x", False)])
+        fields["rules-0-argument_conditions"] = json.dumps(conditions)
+        fields["rules-0-argument_conditions__as_json"] = "on"
+
+        assert self.post(tenant_admin, tenant_a, fields).status_code == 302
+        assert ApprovalPolicy.objects.get(name="Drafts only").rules.get().argument_conditions == conditions
+
+    def test_a_stored_rule_shows_in_its_fields(self, tenant_admin, policies):
+        policy = policies["a"]
+        ApprovalRule.objects.create(
+            tenant=policy.tenant,
+            policy=policy,
+            position=50,
+            argument_conditions=[{"path": "paths[*]", "regex": "^keep/", "negate": True}],
+            deciders={"session_owner": True, "tenant_admins": False, "roles": ["admin"]},
+        )
+
+        page = tenant_admin.get(f"{ADMIN}/approvalpolicy/{policy.pk}/change/").content.decode()
+
+        assert 'value="^keep/"' in page
+        assert '__negate_0" checked> must not match' in page
+        assert '__role_admin" checked>' in page
+
+
 class TestCallView:
     def call(self, tenant, **overrides):
         data = {
