@@ -1,5 +1,5 @@
 /* The Session's workspace files: a live tree, uploads (button or drag-and-drop), downloads,
- * deletion and a preview pane. Used by session.js as `window.xagent.filesPanel(options)`.
+ * deletion and a preview pane. Used by the Session page (js/session/) as `window.xagent.filesPanel(options)`.
  *
  * The tree is read from `GET files/` and read again (debounced) on every `file.changed`
  * event, so the API stays the one source of rows. File names are user and model text: they

@@ -1,10 +1,10 @@
 /* The Session's goal run (sessions_app/runtime/goal_driver.py) in the Goal run card: the form that
  * starts one, and the run's status, round, budgets, last decision, Resume and Stop. Used by
- * session.js as `window.xagent.goalRun.card(options)`; the words shared with the timeline notes
+ * the Session page (js/session/) as `window.xagent.goalRun.card(options)`; the words shared with the timeline notes
  * (`decisionText`, `formatTokens`, `formatDuration`) are exported beside it.
  *
  * The card starts from the run the page was rendered with (`initial`: as `GET …/goal-run/` answers,
- * the open run, else the latest; null: none yet) and reads it again when session.js tells it that
+ * the open run, else the latest; null: none yet) and reads it again when the Session page (js/session/) tells it that
  * something changed (`goal.*`; `turn.ended` while a run is open): the driver owns every fact, the
  * card only renders and asks. Between reads the elapsed time of an
  * open run ticks on locally. The goal is user text: only ever set as text.

@@ -27,7 +27,7 @@
   const archivedToggle = document.getElementById("session-archived");
 
   const REFRESH_MS = 60000;
-  const FIRST_INPUT_NOTE_KEY = "xagent.firstInputFailed"; // read by session.js
+  const FIRST_INPUT_NOTE_KEY = "xagent.firstInputFailed"; // read by js/session/main.js
   let nextUrl = null;
   let pagesLoaded = 0;
   let loading = false;

@@ -1,5 +1,5 @@
 /* MCP input requests (elicitation) in the Session page: a server asked the person something in
- * the middle of a tool call. Used by session.js as `window.xagent.inputRequests.panel(options)`.
+ * the middle of a tool call. Used by the Session page (js/session/) as `window.xagent.inputRequests.panel(options)`.
  *
  * Pending requests are read from the API at start (`input-requests/?status=pending`); new ones
  * arrive as `input.requested` events (the event carries the message and the schema, so the card

@@ -1,6 +1,6 @@
 /* Shared helpers of the browser workspace: the REST client (browser session + CSRF), file
  * uploads to a Session's workspace, a DOM builder that only ever sets text (model and user
- * text is never parsed as HTML), and status/time formatting. Exposed as `window.xagent` for home.js and session.js. */
+ * text is never parsed as HTML), and status/time formatting. Exposed as `window.xagent` for home.js and the Session page modules (js/session/). */
 (function () {
   "use strict";
 

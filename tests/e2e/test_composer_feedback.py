@@ -30,7 +30,7 @@ def open_new_session(page, title: str) -> None:
     page.get_by_test_id("new-session-title").fill(title)
     page.get_by_test_id("new-session-submit").click()
     expect(page).to_have_url(SESSION_URL)
-    # session.js and files.js are running (the socket is up) before anything is clicked.
+    # The page modules and files.js are running (the socket is up) before anything is clicked.
     expect(page.get_by_test_id("live-indicator")).to_have_attribute(
         "data-state", "live", timeout=LIVE_TIMEOUT_MS
     )

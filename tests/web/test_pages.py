@@ -1,7 +1,10 @@
 """Browser pages with the Django test client: login, the workspace home, logout and the
 tenant switch (CONTRACT Auth: browser sessions)."""
 
+import json
+
 import pytest
+from django.conf import settings
 from django.contrib.messages import get_messages
 from django.test import Client
 
@@ -267,7 +270,22 @@ class TestSessionPage:
             assert f'id="goal-run-{field}" name="{field}" type="text"' in html
             assert f'value="{value}"' in html
         assert "at most 24:00" in html and "At most 50." in html
-        assert html.index("js/goal_run.js") < html.index("js/session.js")
+        assert html.index("js/goal_run.js") < html.index("js/session/main.js")
+
+    def test_the_page_loads_its_modules_through_an_import_map(self, owner_a, main_a):
+        """Native ES modules, no bundler: every module of js/session/ is in the page's import map
+        (the served, in production hashed, name), ahead of the one module script."""
+        client = Client()
+        client.force_login(owner_a)
+        html = client.get(f"/sessions/{main_a.pk}/").content.decode()
+
+        modules = sorted(p.name for p in (settings.BASE_DIR / "static/js/session").glob("*.js"))
+        import_map = json.loads(html.split('<script type="importmap">')[1].split("</script>")[0])
+        assert sorted(url.rsplit("/", 1)[1] for url in import_map["imports"]) == modules
+        assert {"main.js", "ctx.js", "timeline.js", "approvals.js", "connection.js"} <= set(modules)
+        assert html.index('type="importmap"') < html.index(
+            '<script type="module" src="/static/js/session/main.js">'
+        )
 
     def test_the_page_boots_with_the_goal_run_the_api_would_answer(self, owner_a, main_a):
         from sessions_app.runtime import goal_driver
