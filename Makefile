@@ -46,7 +46,7 @@ worker: install
 beat: install
 	$(VENV)/bin/celery -A config beat --loglevel INFO
 
-bench: install  # figures on SQLite and PostgreSQL + Redis (README "make bench"); BENCH_ARGS=--quick
+bench: install  # figures on SQLite and PostgreSQL + Redis (docs/bench.md); BENCH_ARGS=--quick
 	$(PY) -m bench $(BENCH_ARGS)
 
 fuzz: install  # schemathesis against the live stack (needs PostgreSQL + Redis on loopback)

@@ -360,6 +360,9 @@
       submit.disabled = false;
     }
   });
+  // The page renders the button disabled until now (home.html): a click before this script
+  // handled the form would have reloaded the page instead.
+  form.querySelector("button[type=submit]").disabled = false;
 
   // Typing searches after a pause; the status and "Archived" apply at once.
   let searchTimer = null;

@@ -139,7 +139,7 @@ def test_make_run_from_a_private_checkout_as_root_runs_the_sandbox(clone, model_
     manage("create_tenant", "acme")
     manage("create_user", "owner", "--tenant", "acme", "--role", "owner", "--password", "owner-pass-1")
     key = manage("create_api_key", "--tenant", "acme", "--user", "owner").strip()
-    # The README's command for the example server; its refresh starts it in the sandbox.
+    # The command docs/tools-and-mcp.md gives for the example server; its refresh starts it in the sandbox.
     tools = manage(
         "mcp_server", "add", "example", "--tenant", "acme", "--python-module", "tools_app.mcp.example_server"
     )
