@@ -56,7 +56,13 @@ def test_s1_the_delivered_files_match_a_recomputation(api):
         f"/sessions/{session_id}/files/", files={"file": ("tickets.csv", TICKETS.read_bytes(), "text/csv")}
     )
     assert uploaded.status_code == 201, uploaded.text
-    assert uploaded.json() == {"path": "tickets.csv", "size": TICKETS.stat().st_size, "op": "created"}
+    answer = uploaded.json()
+    assert (answer["path"], answer["size"], answer["op"]) == (
+        "tickets.csv",
+        TICKETS.stat().st_size,
+        "created",
+    )
+    assert answer["name_changed"] is False
 
     events = run_turn(api, session_id, REQUEST, attachments=["tickets.csv"])
 
