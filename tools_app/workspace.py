@@ -205,9 +205,27 @@ def in_skills_folder(path: str) -> bool:
     return not norm.startswith("/") and norm.split("/")[0] == SKILLS_FOLDER
 
 
+# The longest file name (in bytes) Linux file systems take.
+MAX_NAME_BYTES = 255
+
+
+def fit_file_name(name: str) -> str:
+    """`name` cut to MAX_NAME_BYTES of UTF-8 (at a character boundary), its extension kept: a
+    name of 200 "é" is 400 bytes, though within Django's 255 characters."""
+    if len(name.encode()) <= MAX_NAME_BYTES:
+        return name
+    stem, dot, suffix = name.rpartition(".")
+    if not dot or not stem or len(suffix.encode()) > 16:
+        stem, suffix = name, ""
+    tail = f".{suffix}" if suffix else ""
+    room = MAX_NAME_BYTES - len(tail.encode())
+    return stem.encode()[:room].decode(errors="ignore") + tail
+
+
 def upload_destination(workspace: Path, file_name: str, user_path: str | None) -> Path:
-    """Where an uploaded file lands: `user_path` (a directory when it ends in "/") or its own name."""
-    name = PurePosixPath(file_name.replace("\\", "/")).name
+    """Where an uploaded file lands: `user_path` (a directory when it ends in "/") or its own
+    name, shortened to what the file system takes."""
+    name = fit_file_name(PurePosixPath(file_name.replace("\\", "/")).name)
     if not name or name in (".", ".."):
         raise ToolError("the uploaded file has no usable name; give a `path`", code="invalid_path")
     for text in (name, user_path or ""):

@@ -145,8 +145,11 @@ def _name_change(requested: str, kept: str, user_path: str | None) -> str | None
     kept_name = kept.rsplit("/", 1)[-1]
     if kept_name == requested:
         return None
-    if len(requested) > len(kept_name):
-        return f"the name was shortened to {len(kept_name)} characters, the longest a file name may be"
+    if len(requested.encode()) > len(kept_name.encode()):
+        return (
+            f"the name was shortened to {len(kept_name)} characters ({len(kept_name.encode())} bytes), "
+            "the longest a file name may be"
+        )
     return "the name was changed to one the workspace can keep"
 
 

@@ -493,6 +493,18 @@ class TestHostileNames:
         assert kept.endswith(".csv") and len(kept) == 255 and (workspace / kept).read_bytes() == b"a,b\n"
         assert "shortened to 255 characters" in body["name_change_reason"]
 
+    def test_a_name_within_255_characters_but_over_255_bytes_is_shortened_too(
+        self, api_owner_a, session_a, workspace
+    ):
+        name = "é" * 200 + ".txt"  # 404 bytes of UTF-8
+
+        body = upload(api_owner_a, session_a, name, b"x").json()
+
+        assert body["name_changed"] is True and body["requested_name"] == name
+        assert body["path"] == "é" * 125 + ".txt" and len(body["path"].encode()) == 254
+        assert "(254 bytes)" in body["name_change_reason"]
+        assert (workspace / body["path"]).read_bytes() == b"x"
+
     def test_a_path_the_request_names_is_not_a_name_change(self, api_owner_a, session_a, workspace):
         body = upload(api_owner_a, session_a, "draft.txt", b"x", path="notes/final.txt").json()
 
