@@ -26,6 +26,7 @@ from tenancy_app.models import TenantOwnedModel
 from .choices import PolicyAction, Risk, ToolSource
 
 MAX_REGEX_LENGTH = 500
+MAX_CONDITIONS = 50  # of one rule
 # Memory budget of one compiled pattern; RE2 refuses (a validation error) a pattern that needs more.
 MAX_REGEX_MEMORY = 1 << 20
 CONDITION_KEYS = frozenset({"path", "regex", "negate"})
@@ -99,6 +100,8 @@ def compile_conditions(raw) -> list[tuple[tuple, object, bool]]:
         return []
     if not isinstance(raw, list):
         raise ValueError("argument conditions must be a JSON list")
+    if len(raw) > MAX_CONDITIONS:
+        raise ValueError(f"at most {MAX_CONDITIONS} argument conditions per rule (split the rule)")
     compiled = []
     for number, condition in enumerate(raw, start=1):
         if not isinstance(condition, dict):

@@ -17,18 +17,27 @@ from django import forms
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from config.forms import BoundedJSONField
+from config.parsers import json_depth_exceeds, json_max_depth
 from tenancy_app.choices import Role
+
+from .policy_models import MAX_CONDITIONS
 
 # Empty condition rows offered below the rule's own (the admin's "Save and continue editing"
 # gives more); a row left empty is ignored.
 EMPTY_CONDITION_ROWS = 2
-MAX_CONDITION_ROWS = 100
+# One past the model's limit: a longer post fails validation with the limit named, never cut silently.
+MAX_CONDITION_ROWS = MAX_CONDITIONS + 1
 
 
 def _as_value(value):
     """The field's value as data (list/dict), or the raw text when it is not JSON (a bound form
     re-shown with the person's own unparseable JSON)."""
+    if isinstance(value, forms.fields.InvalidJSONInput):
+        return str(value)  # what the person typed, shown back with the field's error
     if isinstance(value, str):
+        if json_depth_exceeds(value, json_max_depth()):
+            return value
         try:
             return json.loads(value) if value.strip() else None
         except ValueError:
@@ -203,6 +212,7 @@ class ApprovalRuleForm(forms.ModelForm):
             "toolset": forms.TextInput(attrs={"list": "approval-toolset-names", "placeholder": "any"}),
             "reason": forms.TextInput(attrs={"size": 60}),
         }
+        field_classes = {"argument_conditions": BoundedJSONField, "deciders": BoundedJSONField}
         labels = {"tool_glob": "Tool", "toolset": "Tool set", "argument_conditions": "Arguments"}
         help_texts = {
             "tool_glob": "a tool's name, a glob (fs_*, *__add) or mcp:SERVER:TOOL; blank = any",

@@ -11,7 +11,10 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
+from django.db import models
 from django.db.models import Q
+
+from config.forms import BoundedJSONField
 
 from .access import admin_tenant_ids
 from .actions import do_issue_api_key, do_revoke_api_key
@@ -19,6 +22,9 @@ from .models import ApiKey, Membership, Tenant, TenantOwnedModel
 
 
 class TenantScopedAdmin(admin.ModelAdmin):
+    # A tenant admin's JSON is input like any other: nesting past the limit is a form error.
+    formfield_overrides = {models.JSONField: {"form_class": BoundedJSONField}}
+
     def _tenant_ids(self, request) -> list[int]:
         cache_attr = "_xagent_admin_tenant_ids"
         if not hasattr(request, cache_attr):

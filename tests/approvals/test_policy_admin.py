@@ -266,6 +266,26 @@ class TestStructuredRuleEditor:
         assert self.post(tenant_admin, tenant_a, fields).status_code == 302
         assert ApprovalPolicy.objects.get(name="Drafts only").rules.get().argument_conditions == conditions
 
+    def test_too_many_rows_are_an_error_not_cut(self, tenant_admin, policies, tenant_a):
+        fields = self.structured({}, conditions=[("paths[*]", f"^d{i}/", False) for i in range(60)])
+
+        response = self.post(tenant_admin, tenant_a, fields)
+
+        errors = response.context["inline_admin_formsets"][0].formset.errors[0]
+        assert "at most 50 argument conditions" in str(errors["argument_conditions"])
+
+    @pytest.mark.parametrize("field", ["argument_conditions", "deciders"])
+    def test_json_nested_past_the_limit_is_a_form_error_not_a_500(
+        self, tenant_admin, policies, tenant_a, field
+    ):
+        data = add_form(tenant_a, {field: "[" * 5000 + "]" * 5000})
+
+        response = tenant_admin.post(f"{ADMIN}/approvalpolicy/add/", data)
+
+        assert response.status_code == 200
+        errors = response.context["inline_admin_formsets"][0].formset.errors[0]
+        assert "nested deeper than" in str(errors[field])
+
     def test_a_stored_rule_shows_in_its_fields(self, tenant_admin, policies):
         policy = policies["a"]
         ApprovalRule.objects.create(

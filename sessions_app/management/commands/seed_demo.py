@@ -69,12 +69,12 @@ class Command(BaseCommand):
             self.stdout.write(f"Login: {DEMO_USER} / {password}")
         elif created:
             self.stdout.write(
-                f"Login: {DEMO_USER} (set a password with: manage.py changepassword {DEMO_USER})"
+                f"Login: {DEMO_USER} (set a password with: .venv/bin/python manage.py changepassword {DEMO_USER})"
             )
         else:
             have = "" if user.has_usable_password() else "; none is set yet"
             self.stdout.write(
-                f"Login: {DEMO_USER} (password unchanged{have}: `manage.py changepassword {DEMO_USER}` sets one)"
+                f"Login: {DEMO_USER} (password unchanged{have}: `.venv/bin/python manage.py changepassword {DEMO_USER}` sets one)"
             )
 
     def _demo_skills(self, tenant) -> list[str]:
