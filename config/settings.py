@@ -398,7 +398,7 @@ if not _secrets_key:
     if not EMBEDDED:
         raise ImproperlyConfigured(
             "Environment variable XAGENT_SECRETS_KEY is required when REDIS_URL is set (production mode); "
-            "generate one with: python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'"
+            "generate one with: .venv/bin/python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'"
         )
     _secrets_key = base64.urlsafe_b64encode(
         hashlib.sha256(("xagent-secrets:" + SECRET_KEY).encode()).digest()
