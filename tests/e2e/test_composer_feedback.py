@@ -101,6 +101,13 @@ def test_an_upload_whose_name_was_changed_says_so_until_dismissed(page, tmp_path
     expect(row.locator(".upload-name")).to_have_attribute("title", name)
     expect(row.locator(".upload-status")).to_contain_text("the name was changed to")
     expect(row.locator(".upload-status")).to_contain_text("shortened to 255 characters")
+    # The new name is one long word: it wraps inside the Files panel, not past its edge.
+    overflow = row.evaluate(
+        "row => { const s = row.querySelector('.upload-status').getBoundingClientRect();"
+        " const panel = row.closest('[data-testid=files-panel], #files-panel').getBoundingClientRect();"
+        " return s.right - panel.right; }"
+    )
+    assert overflow <= 1, f"the upload status runs {overflow}px past the Files panel"
     page.wait_for_timeout(6000)  # past the time a plain "uploaded" row stays
     expect(row).to_be_visible()
     row.locator(".upload-dismiss").click()
