@@ -77,22 +77,41 @@ def emit(session: Session | SessionRef, type: str, data: dict) -> NewEvent:
 
 
 PENDING_EVENTS = "_pending_events"
+PENDING_FIELDS = "_pending_session_fields"
+
+
+def update_session(session: Session, **fields) -> None:
+    """Write columns of the locked Session row. Inside a batch they join the one UPDATE that
+    writes `last_event_seq` at the end of the transaction (a turn's start set status, current
+    turn and seq in three statements); outside one they are written at once. The row object
+    already holds the new values: code in the transaction reads them there, not from the table."""
+    pending = getattr(session, PENDING_FIELDS, None)
+    if pending is None:
+        Session.objects.filter(pk=session.pk).update(**fields)
+    else:
+        pending.update(fields)
 
 
 def open_batch(session: Session | SessionRef) -> None:
     """From now on `emit(session, …)` collects events until `flush_batch`."""
     setattr(session, PENDING_EVENTS, [])
+    if isinstance(session, Session):
+        setattr(session, PENDING_FIELDS, {})
 
 
 def flush_batch(session: Session | SessionRef, *, write_seq: bool = True) -> list[NewEvent]:
     """Write the collected events (one INSERT) and, unless the caller's own Session update carries
     it, the new `last_event_seq`; schedule one broadcast for after commit. Closes the batch."""
     events = getattr(session, PENDING_EVENTS, None) or []
+    fields = getattr(session, PENDING_FIELDS, None) or {}
     setattr(session, PENDING_EVENTS, None)
+    setattr(session, PENDING_FIELDS, None)
+    if events and write_seq:
+        fields["last_event_seq"] = session.last_event_seq
+    if fields:
+        Session.objects.filter(pk=session.pk).update(**fields)
     if not events:
         return []
-    if write_seq:
-        Session.objects.filter(pk=session.pk).update(last_event_seq=session.last_event_seq)
     _insert(session, events)
     _broadcast_after_commit(session, events)
     return events
@@ -100,6 +119,7 @@ def flush_batch(session: Session | SessionRef, *, write_seq: bool = True) -> lis
 
 def discard_batch(session: Session | SessionRef) -> None:
     setattr(session, PENDING_EVENTS, None)
+    setattr(session, PENDING_FIELDS, None)
 
 
 _COLUMNS = ("tenant", "session", "seq", "type", "data", "created_at")

@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from sessions_app.choices import InputKind
-from sessions_app.models import Message, ModelCall, RunnerSlice, Turn
+from sessions_app.models import Message, ModelCall, RunnerSlice, SessionEvent, Turn
 from sessions_app.runtime import brain, engine
 from sessions_app.runtime.agent import AgentService
 from tests.support.model_server import error_reply, text_reply, tool_call, tool_reply, truncated_reply
@@ -250,6 +250,23 @@ def test_queries_per_step_are_few_and_do_not_grow_with_history(session, model_se
     if connection.vendor == "sqlite":
         assert commits[5] == commits[300] == 3, commits
     assert ModelCall.objects.filter(session=session).last().message_count == 599
+
+
+def test_starting_a_turn_writes_the_session_row_once(session):
+    """Status, current turn and event seq of a turn's start join one UPDATE (per-turn overhead,
+    issue #26)."""
+    send(session, "hello")
+    token = brain.acquire(session.pk)
+    with CaptureQueriesContext(connection) as queries:
+        turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
+
+    updates = [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith('UPDATE "sessions_app_session"')
+    ]
+    assert len(updates) == 1, updates
+    session.refresh_from_db()
+    assert (session.status, session.current_turn_id) == ("running", turn.pk)
+    assert session.last_event_seq == SessionEvent.objects.filter(session=session).count()
 
 
 def test_a_config_change_mid_call_applies_from_the_next_request_only(session, model_server, model_config_a):

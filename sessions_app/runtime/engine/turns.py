@@ -10,7 +10,7 @@ from django.utils import timezone
 from ...choices import InputKind, Role, SessionKind, SessionStatus, TurnReason
 from ...models import Delivery, GoalRun, Input, Message, Session, Turn
 from .. import deliveries, memory
-from ..events import emit
+from ..events import emit, update_session
 from .elicitation import cancel_open_requests
 from .fencing import RunnerWriter, locked_session
 from .history import append_message, record_tool_result, unanswered_calls
@@ -40,9 +40,7 @@ def set_status(session: Session, status: str, reason: str = "") -> None:
         return
     session.status = status
     session.status_reason = reason[:500]
-    Session.objects.filter(pk=session.pk).update(
-        status=status, status_reason=session.status_reason, updated_at=timezone.now()
-    )
+    update_session(session, status=status, status_reason=session.status_reason, updated_at=timezone.now())
     emit(session, "session.status", {"status": status, **({"reason": reason} if reason else {})})
 
 
@@ -100,11 +98,9 @@ def start_turn(session_id, token, input: Input) -> Turn:
             session.phase_goal = str(input.payload.get("text", ""))[:2000]
             if not session.session_goal:
                 session.session_goal = session.phase_goal
-            Session.objects.filter(pk=session.pk).update(
-                phase_goal=session.phase_goal, session_goal=session.session_goal
-            )
+            update_session(session, phase_goal=session.phase_goal, session_goal=session.session_goal)
         session.current_turn = turn
-        Session.objects.filter(pk=session.pk).update(current_turn=turn)
+        update_session(session, current_turn=turn)
         emit(session, "turn.started", {"turn_id": turn.pk})
         user_id = memory_user_id(session, [input.created_by_id])
         if input.kind == InputKind.MESSAGE and user_id is not None:
@@ -188,7 +184,7 @@ def end_turn(session: Session, turn: Turn, reason: str, detail: str = "") -> boo
     )
     turn.save(update_fields=["reason", "reason_detail", "ended_at", "followups_pending"])
     session.current_turn = None
-    Session.objects.filter(pk=session.pk).update(current_turn=None)
+    update_session(session, current_turn=None)
     emit(
         session,
         "turn.ended",
