@@ -50,7 +50,7 @@ def _pretty(value) -> str:
 
 
 def _advanced(name: str, value, attrs: dict, *, raw: bool) -> str:
-    textarea_id = f"{attrs.get('id', 'id_' + name)}"
+    textarea_id = attrs.get("id", f"id_{name}")
     return format_html(
         '<details class="rule-advanced"{open}><summary>Advanced: JSON</summary>'
         '<textarea name="{name}" id="{id}" rows="4" cols="60" spellcheck="false">{text}</textarea>'

@@ -140,10 +140,10 @@ def sandbox_limits_for(tenant_id: int):
 def rule_vocabulary(tenant_ids: list[int]) -> tuple[list[str], list[str]]:
     """(tool names, tool set names) of these tenants and the global ones: what the approval rule
     editor suggests. Without a tenant, the global ones only."""
-    tools: set[str] = set(NATIVE_TOOLS)
+    tools: set[str] = set()
     toolsets: set[str] = set()
     for tenant_id in tenant_ids or [None]:
-        tools.update(Tool.objects.for_tenant(tenant_id).values_list("name", flat=True))
+        tools |= tenant_tool_names(tenant_id)
         toolsets.update(ToolSet.objects.for_tenant(tenant_id).values_list("name", flat=True))
     return sorted(tools), sorted(toolsets)
 

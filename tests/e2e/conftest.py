@@ -17,6 +17,23 @@ def browser():
         chromium.close()
 
 
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """A fresh embedded install, seeded with the demo, served by `runstack` on a free port (one per
+    module; a module that needs more setup defines its own `stack`)."""
+    from ..integration.processes import served_embedded
+
+    with served_embedded(tmp_path_factory.mktemp("stack"), ("seed_demo",)) as served:
+        yield served
+
+
+@pytest.fixture
+def page(browser, stack):
+    """A watched page on the module's stack."""
+    with watched_page(browser, stack.base, stack.log) as page:
+        yield page
+
+
 @contextmanager
 def watched_page(browser, base_url=None, log=None):
     """A fresh browser context and page that fails the test on any JavaScript error (with the

@@ -2,25 +2,9 @@
 plain fields that fit the page (no 2,600 px table, no raw JSON unless asked for), and saving a
 condition row and a decider choice stores them."""
 
-import pytest
-
-from ..integration.processes import served_embedded
-from .conftest import watched_page
 from .test_workspace import expect, log_in
 
 VIEWPORT_WIDTH = 1360
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with served_embedded(tmp_path_factory.mktemp("stack"), ("seed_demo",)) as served:
-        yield served
-
-
-@pytest.fixture
-def page(browser, stack):
-    with watched_page(browser, stack.base, stack.log) as page:
-        yield page
 
 
 def open_first_policy(page):

@@ -4,25 +4,9 @@ all", and a long or changed file name on upload (Chromium against a real `runsta
 
 import re
 
-import pytest
-
-from ..integration.processes import served_embedded
-from .conftest import watched_page
 from .test_workspace import LIVE_TIMEOUT_MS, SESSION_URL, assistant_messages, expect, log_in
 
 INPUT_MAX = 100_000
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with served_embedded(tmp_path_factory.mktemp("stack"), ("seed_demo",)) as served:
-        yield served
-
-
-@pytest.fixture
-def page(browser, stack):
-    with watched_page(browser, stack.base, stack.log) as page:
-        yield page
 
 
 def open_new_session(page, title: str) -> None:

@@ -19,7 +19,6 @@ import pytest
 from tests.support.model_server import ScriptedModelServer, text_reply, tool_call, tool_reply
 
 from ..integration.processes import embedded_env, manage, served_embedded
-from .conftest import watched_page
 from .test_outer_loop_ui import create_session, open_session, timeline, wait_idle
 from .test_workspace import LIVE_TIMEOUT_MS, expect, log_in
 
@@ -99,12 +98,6 @@ def stack(tmp_path_factory, model_server):
         root, ("seed_demo",), ("shell", "-c", SETUP.format(base_url=model_server.base_url))
     ) as served:
         yield SimpleNamespace(**vars(served), env=embedded_env(root))
-
-
-@pytest.fixture
-def page(browser, stack):
-    with watched_page(browser, stack.base, stack.log) as page:
-        yield page
 
 
 def card(page):

@@ -19,7 +19,6 @@ import pytest
 from tests.support.model_server import ScriptedModelServer, text_reply, tool_call, tool_reply
 
 from ..integration.processes import served_embedded
-from .conftest import watched_page
 from .test_outer_loop_ui import create_session, csrf_of, open_session, send, timeline, wait_idle
 from .test_workspace import LIVE_TIMEOUT_MS, expect, log_in
 
@@ -71,12 +70,6 @@ def stack(tmp_path_factory, model_server):
     setup = SETUP.format(base_url=model_server.base_url, tool=TOOL)
     with served_embedded(root, ("seed_demo",), ("shell", "-c", setup)) as served:
         yield SimpleNamespace(**vars(served))
-
-
-@pytest.fixture
-def page(browser, stack):
-    with watched_page(browser, stack.base, stack.log) as page:
-        yield page
 
 
 def field(card, name):

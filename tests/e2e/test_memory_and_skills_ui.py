@@ -100,12 +100,6 @@ def stack(tmp_path_factory, model_server):
         yield SimpleNamespace(**vars(served), db=root / "db.sqlite3")
 
 
-@pytest.fixture
-def page(browser, stack):
-    with watched_page(browser, stack.base, stack.log) as page:
-        yield page
-
-
 def memory_ids(stack, text) -> list[int]:
     with sqlite3.connect(stack.db) as db:
         return [row[0] for row in db.execute("SELECT id FROM sessions_app_memory WHERE text = ?", (text,))]

@@ -21,7 +21,6 @@ import pytest
 from tests.support.model_server import ScriptedModelServer, json_reply, text_reply, tool_call, tool_reply
 
 from ..integration.processes import served_embedded
-from .conftest import watched_page
 from .test_workspace import LIVE_TIMEOUT_MS, assistant_messages, expect, log_in
 
 RESEARCH_TASK = "Research ComfyUI custom nodes with the research guide."
@@ -126,12 +125,6 @@ def stack(tmp_path_factory, model_server):
         root, ("seed_demo",), ("shell", "-c", SETUP.format(base_url=model_server.base_url, memory=MEMORY))
     ) as served:
         yield SimpleNamespace(**vars(served))
-
-
-@pytest.fixture
-def page(browser, stack):
-    with watched_page(browser, stack.base, stack.log) as page:
-        yield page
 
 
 # Records every status (and its reason) the badge shows, as it happens.

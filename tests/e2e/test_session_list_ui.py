@@ -4,23 +4,7 @@ archive and restore, each through the Sessions API from the browser (Chromium ag
 
 import re
 
-import pytest
-
-from ..integration.processes import served_embedded
-from .conftest import watched_page
 from .test_workspace import SESSION_URL, expect, log_in
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with served_embedded(tmp_path_factory.mktemp("stack"), ("seed_demo",)) as served:
-        yield served
-
-
-@pytest.fixture
-def page(browser, stack):
-    with watched_page(browser, stack.base, stack.log) as page:
-        yield page
 
 
 def create_session(page, title: str) -> str:

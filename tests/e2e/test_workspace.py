@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from ..integration.processes import served_embedded
-from .conftest import watched_page
-
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
     pytest.skip(
@@ -36,19 +33,6 @@ LIVE_TIMEOUT_MS = 60_000  # the agent's work: generous, the demo usually takes a
 UI_TIMEOUT_MS = 15_000  # page reactions
 SESSION_URL = re.compile(r"/sessions/[0-9a-f-]{36}/$")
 DEMO_TITLE = "Support weekly report (demo)"
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    """A fresh embedded install, seeded with the demo, served by `runstack` on a free port."""
-    with served_embedded(tmp_path_factory.mktemp("stack"), ("seed_demo",)) as served:
-        yield served
-
-
-@pytest.fixture
-def page(browser, stack):
-    with watched_page(browser, stack.base, stack.log) as page:
-        yield page
 
 
 # Records every status the badge shows and the longest streamed text, as they happen.

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import openai
 
-from tools_app.net import guarded_transport, refusal_in
+from tools_app.net import refusal_in
 
 from ...models import ModelConfig
-from .config import EffectiveModel, effective_model_of
+from .config import effective_model_of
+from .openai_provider import client_for
 
 CHECK_TIMEOUT = openai.Timeout(connect=5.0, read=10.0, write=10.0, pool=5.0)
 # A model list is shown whole up to this many names (some servers offer thousands).
@@ -53,7 +54,9 @@ class ConnectionCheck:
 def check_connection(config: ModelConfig) -> ConnectionCheck:
     model = effective_model_of(config)
     endpoint = model.base_url or "https://api.openai.com/v1"
-    client = _client(model)
+    # The Sessions' own client for this endpoint and key (through the outbound guard when a tenant
+    # set the URL), with a short timeout and no retries: the admin waits on it.
+    client = client_for(model).with_options(timeout=CHECK_TIMEOUT, max_retries=0)
     try:
         page = client.models.list()
         names = sorted({str(getattr(entry, "id", "")) for entry in page.data} - {""})
@@ -61,8 +64,6 @@ def check_connection(config: ModelConfig) -> ConnectionCheck:
         return ConnectionCheck(
             endpoint, model.guarded, ok=False, configured_model=model.model, error=_say(exc)
         )
-    finally:
-        client.close()
     return ConnectionCheck(
         endpoint,
         model.guarded,
@@ -70,22 +71,6 @@ def check_connection(config: ModelConfig) -> ConnectionCheck:
         models=names[:MAX_LISTED_MODELS],
         more_models=max(len(names) - MAX_LISTED_MODELS, 0),
         configured_model=model.model,
-    )
-
-
-def _client(model: EffectiveModel) -> openai.OpenAI:
-    # Its own client, closed after the check: the Sessions' shared clients keep long timeouts.
-    http_client = (
-        openai.DefaultHttpxClient(transport=guarded_transport(), timeout=CHECK_TIMEOUT)
-        if model.guarded
-        else None
-    )
-    return openai.OpenAI(
-        base_url=model.base_url or None,
-        api_key=model.api_key,
-        max_retries=0,
-        timeout=CHECK_TIMEOUT,
-        http_client=http_client,
     )
 
 
