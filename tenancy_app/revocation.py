@@ -125,12 +125,23 @@ def _membership_deleted(sender, instance, **kwargs) -> None:
 
 
 def _membership_saving(sender, instance, raw=False, update_fields=None, **kwargs) -> None:
-    """A membership moved to another user or tenant (admin's change form) removes the old pair."""
+    """Remembers the pair a membership joined before a save that may move it to another user or
+    tenant (admin's change form); `_membership_saved` announces the move once it is written."""
+    instance._access_before = None
     if raw or instance.pk is None:
         return
     if update_fields is not None and not {"tenant", "tenant_id", "user", "user_id"} & set(update_fields):
         return
-    before = Membership.objects.filter(pk=instance.pk).values_list("tenant_id", "user_id").first()
+    instance._access_before = (
+        Membership.objects.filter(pk=instance.pk).values_list("tenant_id", "user_id").first()
+    )
+
+
+def _membership_saved(sender, instance, raw=False, **kwargs) -> None:
+    # Announced here, not in pre_save: outside a transaction `on_commit` runs at once, and a
+    # notice sent before the UPDATE lets a listener re-read the old row and wait on.
+    before = getattr(instance, "_access_before", None)
+    instance._access_before = None
     if before is not None and before != (instance.tenant_id, instance.user_id):
         announce_member_removed(*before)
 
@@ -146,5 +157,6 @@ def _user_saved(sender, instance, raw=False, update_fields=None, **kwargs) -> No
 def connect_signals() -> None:
     """Called from TenancyConfig.ready."""
     post_delete.connect(_membership_deleted, sender=Membership, dispatch_uid="access-membership-deleted")
-    pre_save.connect(_membership_saving, sender=Membership, dispatch_uid="access-membership-moved")
+    pre_save.connect(_membership_saving, sender=Membership, dispatch_uid="access-membership-moving")
+    post_save.connect(_membership_saved, sender=Membership, dispatch_uid="access-membership-moved")
     post_save.connect(_user_saved, sender=get_user_model(), dispatch_uid="access-user-deactivated")

@@ -249,6 +249,27 @@ class TestARemovedMembersSocketsClose:
         await communicator.disconnect()
 
 
+@pytest.mark.parametrize("how", REMOVALS)
+def test_the_notice_goes_out_only_once_the_database_says_so(member_a, tenant_a, how, monkeypatch):
+    """Outside a transaction `on_commit` runs at once: a notice sent from before the write would
+    let a listener re-read the old row, find access intact and wait on (seen as a long poll that
+    outlived a membership move under load)."""
+    from tenancy_app import revocation
+
+    seen_at_notice: list[bool] = []
+    monkeypatch.setattr(
+        revocation,
+        "_send",
+        lambda groups: seen_at_notice.append(
+            Membership.objects.filter(tenant=tenant_a, user_id=member_a.pk, user__is_active=True).exists()
+        ),
+    )
+
+    REMOVALS[how](member_a, tenant_a)
+
+    assert seen_at_notice and not any(seen_at_notice)
+
+
 # --- long polls -------------------------------------------------------------------------------
 
 
