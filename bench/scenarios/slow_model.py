@@ -68,7 +68,8 @@ SQLITE_SHAPES = ((45, 5), (90, 10))
 QUICK_SHAPES = ((45, 5),)
 WORKER_PROCESSES = 2
 SAMPLE_S = 0.1
-POLL_S = 0.2
+TREE_EVERY_SAMPLES = 10
+POLL_S = 0.25
 WARM_UP_TIMEOUT_S = 120
 STALL_S = 30
 # What one backend's runs may take in all (both backends: about 10 minutes). At the targets the
@@ -271,6 +272,10 @@ def figures_for(backend: str, count: int, small: int, runs: list[dict], wanted: 
 
 
 def measure(server, tenants: list[dict], big: int, small: int, embedded: bool, deadline: float) -> dict:
+    from django.utils import timezone
+
+    from sessions_app.models import Session
+
     big_tenant, small_tenant = tenants
     server.reset()
     server.default("agent", slow_reply)
@@ -283,10 +288,16 @@ def measure(server, tenants: list[dict], big: int, small: int, embedded: bool, d
         for session in warm_up:
             submit(big_tenant, session, directive_message(1))
         warm_up_deadline = min(deadline, time.monotonic() + WARM_UP_TIMEOUT_S)
-        if wait_until_ended([s.pk for s in warm_up], warm_up_deadline) is not None:
+        warm_up_sessions = Session.objects.filter(pk__in=[s.pk for s in warm_up])
+        if wait_until_ended(warm_up_sessions, len(warm_up), warm_up_deadline) is not None:
             raise TimeoutError(f"the {len(warm_up)} warm-up turns did not end in time")
         idle_kib = idle_rss_kib(pids)
 
+        # The run's Sessions, as the poll names them: the two tenants' ones created from here on.
+        created_since = timezone.now()
+        run_sessions = Session.objects.filter(
+            tenant__in=[big_tenant["tenant"], small_tenant["tenant"]], created_at__gte=created_since
+        )
         sessions = [
             (tenant, new_session(tenant["tenant"], tenant["owner"], f"slow {i}", tenant["config"]))
             for tenant, size in ((big_tenant, big), (small_tenant, small))
@@ -303,7 +314,7 @@ def measure(server, tenants: list[dict], big: int, small: int, embedded: bool, d
             else:  # from this thread: no connection of its own for a helper thread
                 for tenant, session in sessions:
                     submit(tenant, session, directive_message(TOOL_STEPS))
-            outcome = wait_until_ended(ids, deadline)
+            outcome = wait_until_ended(run_sessions, len(ids), deadline)
             stopped = time.time()
     small_ids = {s.pk for tenant, s in sessions if tenant is small_tenant}
     result = figures_of(ids, small_ids, outcome, stopped)
@@ -355,17 +366,25 @@ def submitter(embedded: bool, address: str | None):
         yield post
 
 
-def wait_until_ended(ids, deadline: float) -> str | None:
-    """Poll until every turn of `ids` has ended (None); else "budget" (the deadline came) or
-    "stalled" (no model call started and no turn ended for STALL_S)."""
+def wait_until_ended(sessions, expected: int, deadline: float) -> str | None:
+    """Poll until the turns of `sessions` (a Session queryset of `expected` ones, each with one
+    turn) have all ended (None); else "budget" (the deadline came) or "stalled" (no model call
+    started and no turn ended for STALL_S).
+
+    Cheap on purpose: this process shares the machine with the runtime it measures. `sessions`
+    is a subquery (an IN list of 200 UUIDs cost Django a good part of a core, prepared every
+    poll), and model calls are only counted while no turn ends."""
     from sessions_app.models import ModelCall, Turn
 
+    subquery = sessions.values("pk")
+    turns_ended = Turn.objects.filter(session__in=subquery, ended_at__isnull=False)
+    calls = ModelCall.objects.filter(session__in=subquery)
     progress, moved = None, time.monotonic()
     while time.monotonic() < deadline:
-        ended = Turn.objects.filter(session_id__in=ids, ended_at__isnull=False).count()
-        if ended >= len(ids):
+        ended = turns_ended.count()
+        if ended >= expected:
             return None
-        now = (ended, ModelCall.objects.filter(session_id__in=ids).count())
+        now = (ended, progress[1] if progress and ended != progress[0] else calls.count())
         if now != progress:
             progress, moved = now, time.monotonic()
         elif time.monotonic() - moved > STALL_S:
@@ -509,8 +528,15 @@ class Sampler:
             self._connection.close()
 
     def _run(self) -> None:
+        # The process tree is walked once a second, the known processes' RSS read every sample:
+        # walking all of /proc ten times a second cost this process (which shares the machine
+        # with the runtime it measures) a tenth of a core.
+        tree, samples = self.pids, 0
         while True:
-            self.peak_rss_kib = max(self.peak_rss_kib, rss_kib(self.pids))
+            if samples % TREE_EVERY_SAMPLES == 0:
+                tree = process_tree(self.pids)
+            samples += 1
+            self.peak_rss_kib = max(self.peak_rss_kib, rss_of(tree))
             if self._connection is not None:
                 count = self._connection.execute(
                     "SELECT count(*) FROM pg_stat_activity"
@@ -532,6 +558,11 @@ def idle_rss_kib(pids: list[int]) -> float:
 
 def rss_kib(pids: list[int]) -> int:
     """VmRSS of `pids` and all their descendants, summed (KiB)."""
+    return rss_of(process_tree(pids))
+
+
+def process_tree(pids: list[int]) -> list[int]:
+    """`pids` and all their descendants (one pass over /proc)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -539,13 +570,20 @@ def rss_kib(pids: list[int]) -> int:
         except OSError:  # gone since the listing
             continue
         children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, todo, seen = 0, list(pids), set()
+    tree, todo, seen = [], list(pids), set()
     while todo:
         pid = todo.pop()
         if pid in seen:
             continue
         seen.add(pid)
+        tree.append(pid)
         todo += children.get(pid, [])
+    return tree
+
+
+def rss_of(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):

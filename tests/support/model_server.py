@@ -246,6 +246,7 @@ class RecordedRequest:
     body: Any
     raw_body: bytes
     received_at: float
+    client: tuple | None = None  # (host, port) of the connection it came on
     started_at: float | None = None
     finished_at: float | None = None
     status: int | None = None
@@ -440,7 +441,23 @@ class _Handler(BaseHTTPRequestHandler):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            stop.wait(min(remaining, _STOP_SLICE_S))
+            self._wait_readable(remaining)
+
+    def _wait_readable(self, seconds: float) -> None:
+        """Block until the connection turns readable (the client hung up, or the server's
+        `stop` shut the socket down) or `seconds` pass: one wake-up per pause, not one every
+        _STOP_SLICE_S — hundreds of streams in flight (bench slow_model) otherwise cost the
+        machine a good part of a core in polling."""
+        try:
+            poller = select.poll()
+            poller.register(self.connection, select.POLLIN | select.POLLHUP | select.POLLERR)
+            woken = poller.poll(max(1, math.ceil(seconds * 1000)))
+        except OSError:
+            return  # `_client_gone` says so on the next pass
+        if woken and not self._client_gone():
+            # Readable but still there (the client sent more bytes): sleep in slices instead,
+            # or this would spin.
+            self.owner._stop_event.wait(min(seconds, _STOP_SLICE_S))
 
     # ---- verbs ----------------------------------------------------------------------
 
@@ -885,6 +902,7 @@ class ScriptedModelServer:
                 body=body,
                 raw_body=raw,
                 received_at=time.time(),
+                client=tuple(handler.client_address),
             )
             self._log.append(rec)
             self._cond.notify_all()
