@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+import httpx2
 import openai
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
@@ -84,6 +85,16 @@ _clients: OrderedDict[tuple, openai.OpenAI] = OrderedDict()
 _clients_lock = threading.Lock()
 
 
+def connection_limits() -> httpx2.Limits:
+    """One client per endpoint serves every Session this process drives at once, each holding a
+    connection for its stream: keep that many alive. The SDK's default keeps 100 (httpx's, behind
+    a custom transport, 20 of at most 100): a worker driving 200 Sessions on one endpoint opened
+    a new connection (a TLS handshake, on a real provider) for every other answer, or waited for
+    a free one."""
+    sessions = max(settings.XAGENT_WORKER_SESSIONS, settings.XAGENT_EMBEDDED_WORKER_THREADS)
+    return httpx2.Limits(max_connections=max(1000, sessions), max_keepalive_connections=sessions)
+
+
 def client_for(model: EffectiveModel) -> openai.OpenAI:
     key = (model.base_url, model.api_key, model.guarded)
     with _clients_lock:
@@ -91,7 +102,11 @@ def client_for(model: EffectiveModel) -> openai.OpenAI:
         if client is not None:
             _clients.move_to_end(key)
             return client
-        http_client = openai.DefaultHttpxClient(transport=guarded_transport()) if model.guarded else None
+        limits = connection_limits()
+        # With an explicit transport httpx ignores the client's `limits`: the transport takes them.
+        http_client = openai.DefaultHttpxClient(
+            limits=limits, transport=guarded_transport(limits=limits) if model.guarded else None
+        )
         client = openai.OpenAI(
             base_url=model.base_url or None,
             api_key=model.api_key,
@@ -310,7 +325,7 @@ class OpenAIChatProvider:
                     "timeout": timeout,
                 },
                 stream=True,
-                stream_cls=Stream[object],
+                stream_cls=_PooledStream,
             )
 
         stream = post() if cancel is None else _post_until_cancelled(post, cancel)
@@ -343,6 +358,24 @@ class OpenAIChatProvider:
             # A stream that ended without a finish reason was cut off: treat it like `length`.
             result.finish_reason = "length"
         return result
+
+
+class _PooledStream(Stream[object]):
+    """The SDK's stream of decoded chunks, which also reads the body to its end after `[DONE]`.
+
+    The SDK stops reading at `[DONE]` and closes the response with the chunked body's last few
+    bytes unread, so the HTTP client drops the connection instead of pooling it: every step
+    opened a new connection to its model (on a real provider, a TLS handshake). The rest of the
+    body comes right behind `[DONE]`; a server that never ends it is stopped like one that
+    stalls mid-answer (the read timeout, an interrupt, the step time limit)."""
+
+    def _iter_events(self):
+        events = super()._iter_events()
+        for event in events:
+            if event.data.startswith("[DONE]"):
+                for _ in events:
+                    pass
+            yield event
 
 
 class MalformedChunk(ValueError):

@@ -1,0 +1,81 @@
+"""A worker process drives up to XAGENT_WORKER_SESSIONS Sessions at once, each holding a connection
+to its model's endpoint while it streams: the one client per endpoint keeps that many alive, and a
+streamed answer gives its connection back, so the next answers reuse them instead of opening (on a
+real provider: handshaking) new ones."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from sessions_app.runtime.llm.config import EffectiveModel
+from sessions_app.runtime.llm.openai_provider import OpenAIChatProvider, client_for
+from tests.support.model_server import ScriptedModelServer, text_reply
+
+AT_ONCE = 120  # more than the SDK's default of 100 kept-alive connections
+
+
+def model(base_url: str, *, guarded: bool = False) -> EffectiveModel:
+    return EffectiveModel(
+        provider="openai",
+        name="scripted",
+        model="scripted-model",
+        base_url=base_url,
+        api_key=f"key-{uuid.uuid4().hex}",  # a client of its own, built under this test's settings
+        context_window=8000,
+        max_output_tokens=100,
+        temperature=None,
+        guarded=guarded,
+    )
+
+
+def stream_all_at_once(provider: OpenAIChatProvider) -> None:
+    """AT_ONCE answers streamed at the same time, as the Sessions of one worker would."""
+    ready = threading.Barrier(AT_ONCE)
+    errors: list[BaseException] = []
+
+    def one():
+        try:
+            ready.wait(30)
+            result = provider.complete([{"role": "user", "content": "hi"}], [], purpose="agent")
+            assert result.text == "ok"
+        except BaseException as exc:  # reported below, with the others
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(AT_ONCE)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors[:3]
+
+
+def test_every_session_of_the_process_keeps_its_connection_between_answers(settings):
+    settings.XAGENT_WORKER_SESSIONS = AT_ONCE + 30
+    with ScriptedModelServer() as server:
+        # Slow enough that all of them are streaming at once.
+        server.default("agent", lambda request: text_reply("ok", delay_before_s=0.5))
+        provider = OpenAIChatProvider(model(server.base_url))
+
+        stream_all_at_once(provider)
+        first = {request.client for request in server.requests}
+        server.reset()
+        server.default("agent", lambda request: text_reply("ok", delay_before_s=0.5))
+        stream_all_at_once(provider)
+        second = {request.client for request in server.requests}
+
+    assert len(first) == AT_ONCE  # they did stream at once, each on its own connection
+    assert second <= first, f"{len(second - first)} new connections for the second answers"
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_tenant_endpoints_client_keeps_as_many_as_the_operators(settings, guarded):
+    """Behind the outbound guard's transport httpx ignores the client's limits; the transport
+    must carry them (it kept 20 of at most 100 before)."""
+    settings.XAGENT_WORKER_SESSIONS = 300
+    pool = client_for(model("https://models.example.test/v1", guarded=guarded))._client._transport._pool
+
+    assert pool._max_keepalive_connections == 300
+    assert pool._max_connections >= 300
