@@ -25,6 +25,9 @@ Each run starts the stack afresh and warms it up (a few 1-step turns) before mea
   1 s (its own timings are in the details); more means the worker read the stream late;
 * first model call p50/p95/max: per Session, its first `ModelCall.started_at` − its message's
   `Input.created_at`; the same for the small tenant's Sessions alone;
+* worker CPU per model call: user + system CPU of the processes that run slices (and their
+  children) from the first message queued to the last turn ended, over the agent model calls —
+  steadier than the wall figures on a loaded machine, and what bounds them;
 * worker RSS, peak: VmRSS of the worker processes and their children (embedded: runstack), summed,
   sampled every 100 ms; growth per Session in flight: (peak − idle after warm-up) / the most turns
   open at once (`Turn.started_at` → `ended_at`), in KiB;
@@ -258,6 +261,9 @@ def figures_for(backend: str, count: int, small: int, runs: list[dict], wanted: 
         wait(f"small tenant ({small}) first model call p50", "small_first_p50_s"),
         wait(f"small tenant ({small}) first model call p95", "small_first_p95_s"),
         wait(f"small tenant ({small}) first model call max", "small_first_max_s"),
+        # What one step costs the processes that run slices, in CPU: steadier than the wall figures
+        # on a loaded machine, and what bounds them (their cores / this = steps per second).
+        one("worker CPU per model call (step)", "worker_cpu_ms_per_call", "ms"),
         one("worker RSS, peak", "rss_peak_mib", "MiB"),
         one("worker RSS growth per Session in flight", "rss_per_session_kib", "KiB"),
         # On SQLite too (not measured there), so the rows keep their order beside PostgreSQL's.
@@ -327,6 +333,7 @@ def measure(server, tenants: list[dict], big: int, small: int, embedded: bool, d
         "worker_processes": len(pids),
         "rss_idle_mib": idle_kib / 1024,
         "rss_peak_mib": sampler.peak_rss_kib / 1024,
+        "worker_cpu_ms_per_call": 1000 * sampler.cpu_s / result["calls"] if result["calls"] else None,
         "rss_growth_mib": growth_kib / 1024,
         "peak_connections": sampler.peak_connections,
         "server_answer_s": server_answer_times(server),
@@ -507,6 +514,7 @@ class Sampler:
     def __init__(self, pids: list[int], database_url: str | None):
         self.pids, self.database_url = pids, database_url
         self.peak_rss_kib = 0
+        self.cpu_s = 0.0  # user + system CPU of the processes while the block ran
         self.peak_connections: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
@@ -518,10 +526,12 @@ class Sampler:
 
             self._connection = psycopg.connect(self.database_url, autocommit=True)
             self.peak_connections = 0
+        self._cpu_before = cpu_seconds(process_tree(self.pids))
         self._thread.start()
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self.cpu_s = cpu_seconds(process_tree(self.pids)) - self._cpu_before
         self._stop.set()
         self._thread.join()
         if self._connection is not None:
@@ -579,6 +589,18 @@ def process_tree(pids: list[int]) -> list[int]:
         tree.append(pid)
         todo += children.get(pid, [])
     return tree
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU the processes have used so far (their waited-for children included)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def rss_of(pids: list[int]) -> int:

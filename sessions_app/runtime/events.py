@@ -190,11 +190,15 @@ def _group_send(group: str, message: dict) -> None:
 
 
 class Broadcaster:
-    """Sends to the channel layer from one long-lived thread per process, in order.
+    """Sends to the channel layer from one long-lived thread per process, in order per group.
 
     A committed operation hands its notification over and goes on: it neither waits for the
     bus nor pays for a new event loop (and, with Redis, a new connection) per message, which
-    `async_to_sync` per send did. The thread keeps one event loop for the layer's connections.
+    `async_to_sync` per send did. The thread keeps one event loop for the layer's connections
+    and sends what has queued up meanwhile as one batch: a group's consecutive event messages
+    become one `session.events` message (its consumers read either), and the groups' sends run
+    side by side, at most BROADCAST_CONCURRENCY at once (each holds a Redis connection). Under
+    load the queue grows, and so do the batches: the cost per event goes down, not up.
     """
 
     def __init__(self):
@@ -210,11 +214,59 @@ class Broadcaster:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         while True:
-            layer, group, message = self.queue.get()
+            batch = [self.queue.get()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                loop.run_until_complete(layer.group_send(group, message))
+                loop.run_until_complete(_send_batch(batch))
             except Exception:  # the log is the truth; a broken bus must not stop the next send
-                logger.warning("broadcast to %s failed", group, exc_info=True)
+                logger.warning("broadcast of %d messages failed", len(batch), exc_info=True)
+
+
+BROADCAST_CONCURRENCY = 8
+MAX_BATCH = 1000
+_EVENT_TYPES = ("session.event", "session.events")
+
+
+def merged_by_group(batch: list[tuple]) -> dict[tuple, list[dict]]:
+    """(layer, group) -> its messages in order, runs of event messages merged into one."""
+    by_group: dict[tuple, list[dict]] = {}
+    for layer, group, message in batch:
+        messages = by_group.setdefault((layer, group), [])
+        if messages and message["type"] in _EVENT_TYPES and messages[-1]["type"] in _EVENT_TYPES:
+            messages[-1] = {
+                "type": "session.events",
+                "events": [*_events_of(messages[-1]), *_events_of(message)],
+            }
+        else:
+            messages.append(message)
+    return by_group
+
+
+def _events_of(message: dict) -> list[dict]:
+    return message["events"] if message["type"] == "session.events" else [message["event"]]
+
+
+async def _send_batch(batch: list[tuple]) -> None:
+    places = asyncio.Semaphore(BROADCAST_CONCURRENCY)
+
+    async def send_in_order(layer, group: str, messages: list[dict]) -> None:
+        async with places:
+            for message in messages:
+                try:
+                    await layer.group_send(group, message)
+                except Exception:  # one group's failure costs that group latency, nothing more
+                    logger.warning("broadcast to %s failed", group, exc_info=True)
+
+    await asyncio.gather(
+        *(
+            send_in_order(layer, group, messages)
+            for (layer, group), messages in merged_by_group(batch).items()
+        )
+    )
 
 
 _broadcaster_instance: Broadcaster | None = None
