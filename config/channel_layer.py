@@ -1,4 +1,5 @@
-"""In-memory channel layer that is safe to send to from other threads.
+"""The project's channel layers: an in-memory one that is safe to send to from other threads
+(embedded mode), and channels_redis's with a cheaper group send (production).
 
 Embedded mode runs the Celery worker in threads beside daphne's event loop. Channels'
 InMemoryChannelLayer keeps asyncio queues that belong to the receiving consumer's loop;
@@ -7,8 +8,13 @@ from a foreign loop is handed to the receiver's loop, which owns the queue.
 """
 
 import asyncio
+import logging
+import time
 
+import channels_redis.core
 from channels.layers import InMemoryChannelLayer
+
+logger = logging.getLogger(__name__)
 
 
 class ThreadSafeInMemoryChannelLayer(InMemoryChannelLayer):
@@ -31,3 +37,63 @@ class ThreadSafeInMemoryChannelLayer(InMemoryChannelLayer):
     def _remove_from_groups(self, channel):
         self._receiver_loops.pop(channel, None)
         return super()._remove_from_groups(channel)
+
+
+class RedisChannelLayer(channels_redis.core.RedisChannelLayer):
+    """channels_redis's layer with a `group_send` of one round trip per Redis connection involved.
+
+    channels_redis sends to a group in four: expire the group's old members, read the members,
+    expire each member channel's old messages, then add the message to each. Every event a
+    runner commits is one group send, so on a busy worker those round trips (and redis-py's and
+    asyncio's Python work around each) were a sixth of the process's CPU (issue #26). Here the
+    first two are one script, which also ends the send when nobody listens (a Session nobody
+    watches, the common case), and the last two are one script per connection. The semantics
+    are channels_redis's: the same keys, expiry, capacity and message encoding (its own
+    `_map_channel_keys_to_connection`, so process-local channels get their `__asgi_channel__`).
+    """
+
+    # KEYS[1] the group's key; ARGV[1] the score below which members have expired.
+    _MEMBERS = """
+        redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, ARGV[1])
+        return redis.call('ZRANGE', KEYS[1], 0, -1)
+    """
+    # KEYS: channel keys; ARGV: a message per key, a capacity per key, now, expiry.
+    _DELIVER = """
+        local now = tonumber(ARGV[#ARGV - 1])
+        local expiry = tonumber(ARGV[#ARGV])
+        local over_capacity = 0
+        for i = 1, #KEYS do
+            redis.call('ZREMRANGEBYSCORE', KEYS[i], 0, math.floor(now) - expiry)
+            if redis.call('ZCOUNT', KEYS[i], '-inf', '+inf') < tonumber(ARGV[i + #KEYS]) then
+                redis.call('ZADD', KEYS[i], now, ARGV[i])
+                redis.call('EXPIRE', KEYS[i], expiry)
+            else
+                over_capacity = over_capacity + 1
+            end
+        end
+        return over_capacity
+    """
+
+    async def group_send(self, group, message):
+        assert self.require_valid_group_name(group), "Group name not valid"
+        connection = self.connection(self.consistent_hash(group))
+        members = await connection.eval(
+            self._MEMBERS, 1, self._group_key(group), int(time.time()) - self.group_expiry
+        )
+        if not members:
+            return
+        by_connection, message_for, capacity_of = self._map_channel_keys_to_connection(
+            [member.decode("utf8") for member in members], message
+        )
+        for index, keys in by_connection.items():
+            over_capacity = await self.connection(index).eval(
+                self._DELIVER,
+                len(keys),
+                *keys,
+                *(message_for[key] for key in keys),
+                *(capacity_of[key] for key in keys),
+                time.time(),
+                int(self.expiry),
+            )
+            if over_capacity:
+                logger.info("%s of %s channels over capacity in group %s", over_capacity, len(members), group)

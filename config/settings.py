@@ -231,7 +231,7 @@ else:
     }
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "config.channel_layer.RedisChannelLayer",
             # redis-py's default read timeout (5 s) equals channels_redis's blocking-pop timeout
             # (5 s), so an idle receive could fail with "Timeout reading"; give reads headroom.
             "CONFIG": {
