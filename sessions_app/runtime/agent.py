@@ -83,9 +83,10 @@ class AgentService:
         """True while the slice's context may be used without re-reading (see SliceContext)."""
         return self.context.current
 
-    def prepare(self, turn_id: int) -> None:
-        """At a step boundary: (re-)read what changed, for the turn `turn_id`."""
-        self.context.refresh(turn_id)
+    def prepare(self, turn_id: int, started=None) -> None:
+        """At a step boundary: (re-)read what changed, for the turn `turn_id` (`started`: the turn
+        `engine.start_turn` just returned, see `SliceContext.refresh`)."""
+        self.context.refresh(turn_id, started)
         self.tool_service.known_tools = self.context.known_tools
 
     def invalidate(self) -> None:

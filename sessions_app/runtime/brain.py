@@ -357,8 +357,17 @@ def _advance(agent: AgentService) -> Progress:
     if boundary.next_input is None:
         # Anything else still queued (e.g. a decision for a future approval) stays for its owner.
         return Progress()
-    engine.start_turn(session_id, token, boundary.next_input)
-    return Progress(consumed=1)
+    turn = engine.start_turn(session_id, token, boundary.next_input)
+    if turn.session_status != SessionStatus.RUNNING:
+        return Progress(consumed=1)  # the outer loop understands the task first
+    # The first step follows at once, without another boundary: whatever one would find (an
+    # interrupt, guidance, a configuration change) flags the Session, so the step's opening
+    # commit finds it too and nothing is done (StaleSlice); the boundary then runs.
+    agent.prepare(turn.pk, started=turn)
+    try:
+        return Progress(steps=_step(agent), consumed=1)
+    except engine.StaleSlice:
+        return Progress(consumed=1, again=True)
 
 
 def _step(agent: AgentService) -> int:

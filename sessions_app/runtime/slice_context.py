@@ -97,7 +97,10 @@ class SliceContext:
     def current(self) -> bool:
         return self.writer is not None and self.writer.current and self.turn_id is not None
 
-    def refresh(self, turn_id: int) -> None:
+    def refresh(self, turn_id: int, started: Turn | None = None) -> None:
+        """`started`: the turn as `engine.start_turn` returned it, when it has just begun; what
+        it carries (its input, no steps yet) is not read back."""
+        started = started if started is not None and started.pk == turn_id else None
         session = Session.objects.select_related("model_config", "tenant").get(pk=self.session_id)
         tenant_version = session.tenant.config_version
         if self.writer is None:
@@ -106,17 +109,22 @@ class SliceContext:
         self.session = session
         if turn_id != self.turn_id:
             # A goal run's round gets `update_goal` (its claim); any other turn does not.
-            self.goal_round = engine.goal_round_of(turn_id)
+            self.goal_round = (
+                engine.goal_round_in(started.started_by.payload)
+                if started is not None
+                else engine.goal_round_of(turn_id)
+            )
         key = (session.config_version, tenant_version, session.model_config_id, self.goal_round is not None)
         if key != self._configuration_key:
             self._read_configuration(session, tenant_version)
             self._configuration_key = key
         if turn_id != self.turn_id or not self.writer.current:
-            turn = Turn.objects.only("steps", "guard_state", "recalled_memory_ids").get(pk=turn_id)
+            turn = started or Turn.objects.only("steps", "guard_state", "recalled_memory_ids").get(pk=turn_id)
+            authors = {started.started_by.created_by_id} if started else engine.turn_author_ids(turn_id)
             self.turn_id = turn_id
             self.progress = engine.TurnProgress(turn.steps, dict(turn.guard_state))
             self.progress_saved = engine.TurnProgress(turn.steps, dict(turn.guard_state))
-            self.memory_user_id = engine.memory_user_id(session, engine.turn_author_ids(turn_id))
+            self.memory_user_id = engine.memory_user_id(session, authors)
             self.memories = memory.texts(session.tenant_id, self.memory_user_id, turn.recalled_memory_ids)
         plan = Plan.objects.filter(session_id=self.session_id).prefetch_related("tasks").first()
         self.plan = plan.as_dict() if plan is not None else None

@@ -299,3 +299,21 @@ def test_a_config_change_mid_call_applies_from_the_next_request_only(session, mo
         "bigger-model",
     ]
     assert Turn.objects.get(session=session).reason == "completed"
+
+
+def test_a_new_turns_first_step_follows_its_start_without_reading_it_back(session, model_server):
+    """Per-turn overhead (issue #26): after `start_turn` the runner steps at once — no second
+    boundary (its lock and queue read) and no read of the turn's input or progress it just wrote.
+    An input arriving in between still stops the step: see the interrupt tests."""
+    model_server.default("agent", lambda request: text_reply("ok"))
+    send(session, "hello")
+    with CaptureQueriesContext(connection) as queries:
+        brain.drive(session.pk)
+
+    sql = [q["sql"] for q in queries.captured_queries]
+    started = next(i for i, s in enumerate(sql) if s.startswith('INSERT INTO "sessions_app_turn"'))
+    called = next(i for i, s in enumerate(sql) if s.startswith('INSERT INTO "sessions_app_modelcall"'))
+    read = [s.split(" FROM ", 1)[1].split(" ", 1)[0] for s in sql[started:called] if s.startswith("SELECT")]
+    assert '"sessions_app_input"' not in read and '"sessions_app_turn"' not in read, read
+    assert read.count('"sessions_app_session"') == 1, read  # the slice's own read of the Session
+    assert Turn.objects.get(session=session).reason == "completed"

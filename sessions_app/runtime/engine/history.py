@@ -226,8 +226,15 @@ def goal_round_of(turn_id: int | None) -> dict | None:
     if turn_id is None:
         return None
     for payload in Input.objects.filter(turn_id=turn_id).values_list("payload", flat=True):
-        if isinstance(payload, dict) and payload.get("goal_run_id"):
-            return {"goal_run_id": payload["goal_run_id"], "round": payload.get("round")}
+        if (found := goal_round_in(payload)) is not None:
+            return found
+    return None
+
+
+def goal_round_in(payload) -> dict | None:
+    """`{"goal_run_id", "round"}` when an input's payload queues a goal run's round."""
+    if isinstance(payload, dict) and payload.get("goal_run_id"):
+        return {"goal_run_id": payload["goal_run_id"], "round": payload.get("round")}
     return None
 
 

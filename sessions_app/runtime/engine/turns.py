@@ -83,7 +83,10 @@ def fail_without_turn(session: Session) -> str:
 
 
 def start_turn(session_id, token, input: Input) -> Turn:
-    """Begin a turn for a message input: consume it, commit it as the user message, status running."""
+    """Begin a turn for a message input: consume it, commit it as the user message, status running
+    (or preparing, when the outer loop understands the task first). The Turn returned carries
+    that status as `session_status` and its input as `started_by`: what the runner would
+    otherwise read back before the first step (`SliceContext.refresh`)."""
     with locked_session(session_id, token) as session:
         number = (
             Turn.objects.filter(session=session).order_by("-number").values_list("number", flat=True).first()
@@ -110,6 +113,7 @@ def start_turn(session_id, token, input: Input) -> Turn:
             set_status(session, SessionStatus.PREPARING, "understanding the task")
         else:
             set_status(session, SessionStatus.RUNNING)
+        turn.session_status, turn.started_by = session.status, input
     return turn
 
 
@@ -168,8 +172,9 @@ def input_text(input: Input) -> str:
     return text
 
 
-def end_turn(session: Session, turn: Turn, reason: str, detail: str = "") -> bool:
-    """Close a turn (caller holds the lock); the Session status follows the reason.
+def end_turn(session: Session, turn: Turn, reason: str, detail: str = "", *, also_save=()) -> bool:
+    """Close a turn (caller holds the lock); the Session status follows the reason. `also_save`:
+    other fields of `turn` the caller changed, written in the same UPDATE.
 
     The engine only records facts: when the end moves something above it — the report a
     delegating MainSession waits for, a goal run's next round — the turn is marked
@@ -182,7 +187,7 @@ def end_turn(session: Session, turn: Turn, reason: str, detail: str = "") -> boo
         session.parent_id is not None
         or GoalRun.objects.filter(session_id=session.pk, status__in=GoalRun.OPEN_STATUSES).exists()
     )
-    turn.save(update_fields=["reason", "reason_detail", "ended_at", "followups_pending"])
+    turn.save(update_fields=["reason", "reason_detail", "ended_at", "followups_pending", *also_save])
     session.current_turn = None
     update_session(session, current_turn=None)
     emit(
@@ -219,12 +224,12 @@ def finish_turn(
         turn = Turn.objects.get(pk=turn_id)
         if turn.ended_at is not None:
             return
-        if progress is not None:
-            turn.steps, turn.guard_state = progress.steps, progress.guard_state
-            turn.save(update_fields=["steps", "guard_state"])
         if facts is not None:
             _record_delivery(session, turn, facts)
-        end_turn(session, turn, reason, detail)
+        progressed = ["steps", "guard_state"] if progress is not None else []
+        if progress is not None:
+            turn.steps, turn.guard_state = progress.steps, progress.guard_state
+        end_turn(session, turn, reason, detail, also_save=progressed)
 
 
 @dataclass
