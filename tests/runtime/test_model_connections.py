@@ -5,7 +5,10 @@ real provider: handshaking) new ones."""
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
+import time
 import uuid
 
 import pytest
@@ -79,3 +82,54 @@ def test_a_tenant_endpoints_client_keeps_as_many_as_the_operators(settings, guar
 
     assert pool._max_keepalive_connections == 300
     assert pool._max_connections >= 300
+
+
+class EndlessAfterDone:
+    """A hostile endpoint: a proper answer, `[DONE]`, then SSE comments forever."""
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen()
+        self.base_url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+        self.stop = threading.Event()
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        connection, _ = self.listener.accept()
+        with connection:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += connection.recv(65536)
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+            events = [
+                {**chunk, "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]},
+                {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            ]
+            body = b"".join(b"data: %s\n\n" % json.dumps(e).encode() for e in events) + b"data: [DONE]\n\n"
+            try:
+                connection.sendall(head + b"%x\r\n%s\r\n" % (len(body), body))
+                while not self.stop.is_set():
+                    connection.sendall(b"%x\r\n%s\r\n" % (len(b": more\n\n"), b": more\n\n"))
+                    time.sleep(0.01)
+            except OSError:
+                pass  # the client hung up: what the test waits for
+
+
+def test_an_endpoint_that_keeps_sending_after_done_does_not_hold_the_step():
+    server = EndlessAfterDone()
+    provider = OpenAIChatProvider(model(server.base_url))
+    results: list = []
+    caller = threading.Thread(
+        target=lambda: results.append(
+            provider.complete([{"role": "user", "content": "hi"}], [], purpose="agent")
+        )
+    )
+    try:
+        caller.start()
+        caller.join(60)  # liveness only: cut off after about a second, far below this
+        assert not caller.is_alive(), "the call never returned"
+        assert results[0].text == "ok" and results[0].finish_reason == "stop"
+    finally:
+        server.stop.set()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -366,13 +367,30 @@ class _PooledStream(Stream[object]):
     The SDK stops reading at `[DONE]` and closes the response with the chunked body's last few
     bytes unread, so the HTTP client drops the connection instead of pooling it: every step
     opened a new connection to its model (on a real provider, a TLS handshake). The rest of the
-    body comes right behind `[DONE]`; a server that never ends it is stopped like one that
-    stalls mid-answer (the read timeout, an interrupt, the step time limit)."""
+    body comes right behind `[DONE]`. A server that goes on sending after it is cut off after
+    DRAIN_AFTER_DONE_S (the connection is then dropped, as before); one that stalls is stopped
+    like one that stalls mid-answer (the read timeout, an interrupt, the step time limit)."""
+
+    DRAIN_AFTER_DONE_S = 1.0
+    _drain_until: float | None = None
 
     def _iter_events(self):
+        # The SDK's decoder reads the body through `response.iter_bytes`: bounded here, because
+        # what a server sends after `[DONE]` may be comments the decoder swallows, never yielding
+        # an event this loop could stop at.
+        body = self.response.iter_bytes
+
+        def bounded():
+            for chunk in body():
+                yield chunk
+                if self._drain_until is not None and time.monotonic() > self._drain_until:
+                    return
+
+        self.response.iter_bytes = bounded
         events = super()._iter_events()
         for event in events:
             if event.data.startswith("[DONE]"):
+                self._drain_until = time.monotonic() + self.DRAIN_AFTER_DONE_S
                 for _ in events:
                     pass
             yield event
