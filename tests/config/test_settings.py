@@ -184,7 +184,7 @@ class TestProduction:
         assert s["options"]["pool"] == {"min_size": 1, "max_size": 10, "timeout": 60.0}
         assert s["conn_health_checks"] is False
         assert s["broker"] == "redis://127.0.0.1:6379/0"
-        assert s["channel_layer"] == "channels_redis.core.RedisChannelLayer"
+        assert s["channel_layer"] == "config.channel_layer.RedisChannelLayer"
         assert s["in_memory_layer"] is False
         # Reads get headroom over channels_redis's 5 s blocking pop (redis-py's default is also 5 s).
         assert s["channel_hosts"] == [{"address": "redis://127.0.0.1:6379/0", "socket_timeout": 15}]
