@@ -220,6 +220,9 @@ def test_a_dropped_connection_resumes_from_the_last_seq(page):
     expect(page).to_have_url(SESSION_URL)
     live = page.get_by_test_id("live-indicator")
     expect(live).to_have_attribute("data-state", "live")
+    # The socket opens before the server sends the log's backlog: the page has something to
+    # resume after only once the first event is in (under load, "live" came well before it).
+    expect(page.locator("#event-log .event").first).to_have_attribute("data-seq", "1")
     api = f"/api/v1/sessions/{page.url.rstrip('/').rsplit('/', 1)[-1]}/"
     csrf = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
 
