@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import re
+import secrets
 import socket
 import stat
 import threading
@@ -674,7 +675,9 @@ def test_shell_exec_non_zero_exit_is_a_normal_result(ctx, port):
 def test_shell_exec_timeout_is_an_error_and_capped_by_the_policy(ctx):
     ctx.sandbox_limits = SandboxLimits(wall_seconds=1)  # type: ignore[attr-defined]
 
-    result = ShellExec().run(ctx, {"command": "sleep 40", "timeout_seconds": 600})
+    # A duration of this run's own, so no other process (another run of this suite) can match.
+    duration = f"40.{secrets.randbelow(10**6):06d}"
+    result = ShellExec().run(ctx, {"command": f"sleep {duration}", "timeout_seconds": 600})
 
     assert result.is_error
     assert result.data["timed_out"] and result.data["killed_reason"] == "timeout"
@@ -683,9 +686,10 @@ def test_shell_exec_timeout_is_an_error_and_capped_by_the_policy(ctx):
     # Killed with its namespace; the kernel may still be reaping it on a loaded machine (seen in
     # CI once), so give it a moment — a survivor would still be here long after.
     deadline = time.monotonic() + 10
-    while host_cmdlines_containing(b"sleep\x0040") and time.monotonic() < deadline:
+    mine = b"sleep\x00" + duration.encode()
+    while host_cmdlines_containing(mine) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert host_cmdlines_containing(b"sleep\x0040") == []
+    assert host_cmdlines_containing(mine) == []
 
 
 def test_shell_exec_keeps_long_output_readable(ctx):
