@@ -55,17 +55,28 @@ def stream_all_at_once(provider: OpenAIChatProvider) -> None:
     assert not errors, errors[:3]
 
 
+def answer_once_all_arrived():
+    """No answer goes out before all AT_ONCE requests are in: they are truly streaming at once,
+    so none can reuse another's connection (a fixed delay did not ensure it on a loaded machine)."""
+    all_arrived = threading.Barrier(AT_ONCE)
+
+    def answer(request):
+        all_arrived.wait(30)
+        return text_reply("ok")
+
+    return answer
+
+
 def test_every_session_of_the_process_keeps_its_connection_between_answers(settings):
     settings.XAGENT_WORKER_SESSIONS = AT_ONCE + 30
     with ScriptedModelServer() as server:
-        # Slow enough that all of them are streaming at once.
-        server.default("agent", lambda request: text_reply("ok", delay_before_s=0.5))
         provider = OpenAIChatProvider(model(server.base_url))
 
+        server.default("agent", answer_once_all_arrived())
         stream_all_at_once(provider)
         first = {request.client for request in server.requests}
         server.reset()
-        server.default("agent", lambda request: text_reply("ok", delay_before_s=0.5))
+        server.default("agent", answer_once_all_arrived())
         stream_all_at_once(provider)
         second = {request.client for request in server.requests}
 
