@@ -251,6 +251,16 @@ def _events_of(message: dict) -> list[dict]:
 
 
 async def _send_batch(batch: list[tuple]) -> None:
+    by_group = merged_by_group(batch)
+    by_layer: dict = {}
+    for (layer, group), messages in by_group.items():
+        by_layer.setdefault(layer, []).append((group, messages))
+    many = [layer for layer in by_layer if hasattr(layer, "group_send_many")]
+    for layer in many:  # the project's Redis layer: the batch's groups in one round trip
+        try:
+            await layer.group_send_many(by_layer[layer])
+        except Exception:
+            logger.warning("broadcast to %d groups failed", len(by_layer[layer]), exc_info=True)
     places = asyncio.Semaphore(BROADCAST_CONCURRENCY)
 
     async def send_in_order(layer, group: str, messages: list[dict]) -> None:
@@ -264,7 +274,8 @@ async def _send_batch(batch: list[tuple]) -> None:
     await asyncio.gather(
         *(
             send_in_order(layer, group, messages)
-            for (layer, group), messages in merged_by_group(batch).items()
+            for (layer, group), messages in by_group.items()
+            if layer not in many
         )
     )
 

@@ -98,3 +98,41 @@ async def test_a_full_channel_drops_what_is_beyond_its_capacity(layers):
     assert received == [1, 2, 3]
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(stock.receive("slow-reader"), 0.3)
+
+
+async def test_many_groups_cost_one_round_trip_for_their_members_and_one_per_delivery(layers):
+    ours, stock = layers
+    await stock.group_add("watched", "reader")
+    await stock.group_add("also-watched", "reader")
+    sends = [
+        (
+            "watched",
+            [{"type": "session.event", "event": {"seq": 1}}, {"type": "session.event", "event": {"seq": 2}}],
+        ),
+        *((f"unwatched-{i}", [{"type": "session.event", "event": {"seq": i}}]) for i in range(100)),
+        ("also-watched", [{"type": "session.event", "event": {"seq": 7}}]),
+    ]
+
+    with CountingRoundTrips(ours) as trips:
+        await ours.group_send_many(sends)
+
+    assert trips.count == 1 + 3  # every group's members at once, then the three watched messages
+    received = [(await stock.receive("reader"))["event"]["seq"] for _ in range(3)]
+    assert received == [1, 2, 7]  # in order within a group, the groups in the order sent
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(stock.receive("reader"), 0.3)
+
+
+async def test_many_groups_skip_expired_members_and_keep_capacity(layers):
+    ours, stock = layers
+    await stock.group_add("watchers", "gone-channel")
+    await stock.group_add("watchers", "slow-reader")
+    connection = stock.connection(stock.consistent_hash("watchers"))
+    await connection.zadd(stock._group_key("watchers"), {"gone-channel": 1})  # joined in 1970
+
+    await ours.group_send_many(
+        [("watchers", [{"type": "session.event", "event": {"seq": seq}} for seq in range(1, 6)])]
+    )
+
+    assert [(await stock.receive("slow-reader"))["event"]["seq"] for _ in range(3)] == [1, 2, 3]
+    assert await connection.zrange(stock._group_key("watchers"), 0, -1) == [b"slow-reader"]
