@@ -143,12 +143,20 @@ def unresolved_failures(turn_id: int, decisions: list | None = None) -> list[dic
     """The turn's failed calls no later success on the same tool and target made good. Calls that
     did not run by a decision (rejected, expired, denied) are not failures: they go to
     `decisions` when a list is given."""
+    return _read_messages(turn_id, decisions if decisions is not None else [])[0]
+
+
+def _read_messages(turn_id: int, decisions: list) -> tuple[list[dict], str]:
+    """One pass over the turn's assistant and tool messages: its unresolved failures (decisions
+    appended to `decisions`) and its final answer (the last assistant text)."""
     calls: dict[str, tuple[str, str]] = {}
     failures: list[tuple[str, str, str, str]] = []  # (call_id, tool, target, summary)
-    decided = _decided_calls(turn_id)
+    decided = None  # read at the first failed result: most turns have none
+    answer = ""
     rows = Message.objects.filter(turn_id=turn_id, role__in=[Role.ASSISTANT, Role.TOOL]).order_by("id")
     for message in rows.only("role", "tool_calls", "tool_call_id", "tool_name", "is_error", "content"):
         if message.role == Role.ASSISTANT:
+            answer = message.content or answer
             for call in message.tool_calls or []:
                 calls[call.get("id", "")] = (
                     call.get("name", ""),
@@ -156,12 +164,13 @@ def unresolved_failures(turn_id: int, decisions: list | None = None) -> list[dic
                 )
             continue
         tool, target = calls.get(message.tool_call_id, (message.tool_name, ""))
-        decision = _decision_of(message, decided) if message.is_error else None
-        if decision is not None:
-            if decisions is not None:
-                decisions.append({"call_id": message.tool_call_id, "tool": tool, **decision})
-            continue
         if message.is_error:
+            if decided is None:
+                decided = _decided_calls(turn_id)
+            decision = _decision_of(message, decided)
+            if decision is not None:
+                decisions.append({"call_id": message.tool_call_id, "tool": tool, **decision})
+                continue
             summary = (
                 (message.content or "").strip().splitlines()[0]
                 if (message.content or "").strip()
@@ -170,18 +179,10 @@ def unresolved_failures(turn_id: int, decisions: list | None = None) -> list[dic
             failures.append((message.tool_call_id, tool, target, summary[:SUMMARY_CHARS]))
         else:
             failures = [f for f in failures if not (f[1] == tool and f[2] == target)]
-    return [{"call_id": call_id, "tool": tool, "summary": summary} for call_id, tool, _, summary in failures]
-
-
-def final_answer(turn_id: int) -> str:
-    last = (
-        Message.objects.filter(turn_id=turn_id, role=Role.ASSISTANT)
-        .exclude(content="")
-        .order_by("-id")
-        .values_list("content", flat=True)
-        .first()
-    )
-    return last or ""
+    unresolved = [
+        {"call_id": call_id, "tool": tool, "summary": summary} for call_id, tool, _, summary in failures
+    ]
+    return unresolved, answer
 
 
 def gather(turn: Turn, workspace: Path) -> DeliveryFacts:
@@ -200,9 +201,9 @@ def gather(turn: Turn, workspace: Path) -> DeliveryFacts:
         files.append({"path": redactor.redact(rel), "size": size, "sha256": digest})
         checks.append(redactor.redact_data(artifacts.check_file(path, rel, redactor).as_dict()))
     decisions: list[dict] = []
-    failures = unresolved_failures(turn.pk, decisions)
+    failures, answer = _read_messages(turn.pk, decisions)
     return DeliveryFacts(
-        final_answer=redactor.redact(final_answer(turn.pk)),
+        final_answer=redactor.redact(answer),
         files=files,
         checks=checks,
         unresolved_failures=redactor.redact_data(failures),
