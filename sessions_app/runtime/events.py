@@ -99,9 +99,12 @@ def open_batch(session: Session | SessionRef) -> None:
         setattr(session, PENDING_FIELDS, {})
 
 
-def flush_batch(session: Session | SessionRef, *, write_seq: bool = True) -> list[NewEvent]:
+def flush_batch(
+    session: Session | SessionRef, *, write_seq: bool = True, written: bool = False
+) -> list[NewEvent]:
     """Write the collected events (one INSERT) and, unless the caller's own Session update carries
-    it, the new `last_event_seq`; schedule one broadcast for after commit. Closes the batch."""
+    it, the new `last_event_seq`; schedule one broadcast for after commit. Closes the batch.
+    `written`: the caller's own statement already inserted them (`insert_statement`)."""
     events = getattr(session, PENDING_EVENTS, None) or []
     fields = getattr(session, PENDING_FIELDS, None) or {}
     setattr(session, PENDING_EVENTS, None)
@@ -112,7 +115,8 @@ def flush_batch(session: Session | SessionRef, *, write_seq: bool = True) -> lis
         Session.objects.filter(pk=session.pk).update(**fields)
     if not events:
         return []
-    _insert(session, events)
+    if not written:
+        _insert(session, events)
     _broadcast_after_commit(session, events)
     return events
 
@@ -129,6 +133,17 @@ def _insert(session: Session | SessionRef, events: list[NewEvent]) -> None:
     """One multi-row INSERT. Hand-written (values prepared by SessionEvent's own fields) because
     every step commits three batches and `bulk_create` spent more time in Python than the
     database spent writing them; nothing here needs the rows' ids back."""
+    sql, params = insert_statement(session, events)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def insert_statement(
+    session: Session | SessionRef, events: list[NewEvent], *, typed: bool = False
+) -> tuple[str, list]:
+    """The multi-row INSERT of `events` as (sql, params). `typed`: each value cast to its
+    column's type, so the rows may come from a SELECT (`... SELECT * FROM (VALUES …) WHERE …`,
+    PostgreSQL), not only from a plain VALUES list."""
     now = timezone.now()
     field = SessionEvent._meta.get_field
     tenant, session_id = (
@@ -149,13 +164,15 @@ def _insert(session: Session | SessionRef, events: list[NewEvent]) -> None:
             created_at,
         ]
     quote = connection.ops.quote_name
-    row = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
+    if typed:
+        row = "(" + ", ".join(f"%s::{field(name).db_type(connection)}" for name in _COLUMNS) + ")"
+    else:
+        row = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
     sql = (
         f"INSERT INTO {quote(SessionEvent._meta.db_table)} "
         f"({', '.join(quote(field(name).column) for name in _COLUMNS)}) VALUES {', '.join([row] * len(events))}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    return sql, params
 
 
 def _broadcast_after_commit(session: Session | SessionRef, events: list[NewEvent]) -> None:

@@ -164,3 +164,42 @@ def test_an_in_process_model_plugs_in_by_dotted_path(tenant_a, owner_a, settings
     assert (call.provider, call.model) == ("in-process", "InstantModel")
     answer = Message.objects.get(session=session, role="assistant")
     assert answer.content == "2 messages seen"  # the system message and the user's
+
+
+@pytest.mark.django_db
+def test_a_fenced_commit_writes_its_events_in_the_fencing_statement_on_postgresql(tenant_a, owner_a):
+    """One round trip fewer per commit (issue #26): the fence UPDATE carries the INSERT of the
+    commit's events, which exist only if the fence matched; a mismatch falls back to the locked
+    path and the events are written once, renumbered after the ones written elsewhere."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite allows no UPDATE inside a WITH: two statements there")
+    session = new_session(tenant_a, owner_a)
+    token = brain.acquire(session.pk)
+    turn = Turn.objects.create(tenant=tenant_a, session=session, number=1)
+    writer = writer_for(session, token)
+    session.refresh_from_db()
+    writer.observe(
+        last_event_seq=session.last_event_seq,
+        config_version=session.config_version,
+        tenant_config_version=tenant_a.config_version,
+    )
+
+    with CaptureQueriesContext(connection) as queries:
+        engine.commit_tool_result(
+            writer, turn.pk, call_id="c1", tool="fs_list", content="x", ok=True, summary="x"
+        )
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert not any(s.startswith('INSERT INTO "sessions_app_sessionevent"') for s in statements), statements
+    assert sum(s.startswith("WITH fenced AS (UPDATE") for s in statements) == 1, statements
+
+    engine.record_person_file_change(session.pk, "notes.txt", "created", owner_a)  # seq moves elsewhere
+    engine.commit_tool_result(
+        writer, turn.pk, call_id="c2", tool="fs_list", content="y", ok=True, summary="y"
+    )
+
+    assert_gap_free(session)
+    types = list(session.events.order_by("seq").values_list("type", flat=True))
+    assert types.count("tool.ended") == 2 and types.count("file.changed") == 1, types

@@ -93,24 +93,28 @@ class RunnerWriter:
             events.open_batch(stand_in)
             try:
                 yield stand_in
-                self._fence(stand_in, opens_step, increments or {})
+                written = self._fence(stand_in, opens_step, increments or {})
             except BaseException:
                 events.discard_batch(stand_in)
                 raise
-            events.flush_batch(stand_in, write_seq=False)
+            events.flush_batch(stand_in, write_seq=False, written=written)
 
-    def _fence(self, stand_in: events.SessionRef, opens_step: bool, increments: dict[str, int]) -> None:
+    def _fence(self, stand_in: events.SessionRef, opens_step: bool, increments: dict[str, int]) -> bool:
+        """Fence the commit; True when the fencing statement also wrote the pending events."""
         pending = getattr(stand_in, events.PENDING_EVENTS)
         lease = timezone.now() + lease_duration()
-        if self.known_seq is not None and _compare_and_set(
-            self,
-            new_seq=self.known_seq + len(pending),
-            lease=lease,
-            opens_step=opens_step,
-            increments=increments,
-        ):
-            self.known_seq += len(pending)
-            return
+        if self.known_seq is not None:
+            matched, written = _compare_and_set(
+                self,
+                new_seq=self.known_seq + len(pending),
+                lease=lease,
+                opens_step=opens_step,
+                increments=increments,
+                events_of=(stand_in, pending),
+            )
+            if matched:
+                self.known_seq += len(pending)
+                return written
         # Slow path: lock the row and look. Only a lost lease or, for an opening commit, a change
         # the slice must see (an input waiting, other configuration) stops the commit; events
         # written by others only move our sequence numbers.
@@ -140,15 +144,19 @@ class RunnerWriter:
             **{column: F(column) + amount for column, amount in increments.items()},
         )
         self.known_seq = stand_in.last_event_seq
+        return False
 
 
 def _compare_and_set(
-    writer: RunnerWriter, *, new_seq: int, lease, opens_step: bool, increments: dict
-) -> bool:
-    """The fast path of a fenced commit as one UPDATE of the Session row, true if it matched:
-    our lease, the sequence we know and, for an opening commit, no input waiting and the
-    configuration versions we read. Hand-written because it runs three times per step and
-    the ORM spends more time composing it (the tenant join) than the database runs it."""
+    writer: RunnerWriter, *, new_seq: int, lease, opens_step: bool, increments: dict, events_of: tuple
+) -> tuple[bool, bool]:
+    """The fast path of a fenced commit as one UPDATE of the Session row: (whether it matched,
+    whether the same statement wrote the events). It matches our lease, the sequence we know
+    and, for an opening commit, no input waiting and the configuration versions we read.
+    Hand-written because it runs three times per step and the ORM spends more time composing it
+    (the tenant join) than the database runs it. On PostgreSQL the commit's events ride in the
+    same statement (the INSERT's rows exist only if the UPDATE matched): one round trip fewer per
+    commit; SQLite allows no UPDATE inside a WITH."""
     field = Session._meta.get_field
     column = connection.ops.quote_name
     assignments = ["last_event_seq = %s", "lease_expires_at = %s"]
@@ -170,6 +178,17 @@ def _compare_and_set(
         ]
         params += [False, writer.config_version, writer.tenant_id, writer.tenant_config_version]
     sql = f"UPDATE {column(Session._meta.db_table)} SET {', '.join(assignments)} WHERE {' AND '.join(conditions)}"
+    session_ref, pending = events_of
+    if pending and connection.vendor == "postgresql":
+        insert, insert_params = events.insert_statement(session_ref, pending, typed=True)
+        into, values = insert.split(" VALUES ", 1)
+        sql = (
+            f"WITH fenced AS ({sql} RETURNING 1) "
+            f"{into} SELECT * FROM (VALUES {values}) AS pending WHERE EXISTS (SELECT 1 FROM fenced)"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params + insert_params)
+            return cursor.rowcount == len(pending), True
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount == 1
+        return cursor.rowcount == 1, False
