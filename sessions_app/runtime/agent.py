@@ -56,6 +56,7 @@ class StepResult:
     suspended: bool = False  # parked on a pending approval
     compacted: bool = False  # the step compacted the context instead of calling the model
     detail: str = ""
+    followups: bool = False  # the turn's end has follow-ups above the engine (engine.end_turn)
 
 
 def _signature(name: str, arguments: str) -> str:
@@ -491,12 +492,12 @@ class AgentService:
 
     def _end(self, reason: str, detail: str = "") -> StepResult:
         context = self.context
-        engine.finish_turn(
+        followups = engine.finish_turn(
             self.session_id, self.token, context.turn_id, reason, detail, progress=context.progress
         )
         context.progress_saved = copy.deepcopy(context.progress)
         self.invalidate()
-        return StepResult(ended=reason, detail=detail)
+        return StepResult(ended=reason, detail=detail, followups=followups)
 
 
 def _source(outcome) -> dict | None:

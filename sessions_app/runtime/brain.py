@@ -10,6 +10,7 @@ itself so long turns share workers fairly. A second runner never waits or fails:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -184,6 +185,9 @@ class Progress:
     steps: int = 0  # model steps taken
     consumed: int = 0  # inputs consumed
     again: bool = False  # nothing done, but look again at once (the slice must re-read first)
+    # The step ended its turn and nothing above the engine follows from it (no goal run's next
+    # round, no parent's report): the slice may release without another boundary.
+    turn_ended: bool = False
 
 
 def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = SLICE_MAX_SECONDS) -> str:
@@ -249,8 +253,12 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
             progress = _advance(agent)
             steps += progress.steps
             consumed += progress.consumed
-            if progress.steps or progress.consumed or progress.again:
+            if (progress.steps or progress.consumed or progress.again) and not progress.turn_ended:
                 continue
+            # Nothing to do, or the turn just ended: release, unless work waits (release looks
+            # at the queue and the wake flag under the row lock; then the loop goes on, and the
+            # next boundary takes the work). A boundary right after a turn's end would mostly
+            # find nothing: four statements and a lock per turn saved.
             agent.pause()
             if not release(session_id, token):
                 break
@@ -297,12 +305,17 @@ def wake_tenant_queue(tenant_id, *, limit: int = 1, again: bool = False) -> int:
     same transaction that picks it, rows locked by another picker skipped, so runners that end
     together wake different Sessions; a claim clears the mark. `again`: the sweep's safety net,
     which also wakes marked ones (a wake whose task was lost)."""
+    waiting = Session.objects.filter(
+        tenant_id=tenant_id, status=SessionStatus.QUEUED, runner_token__isnull=True
+    )
+    if not again:
+        waiting = waiting.filter(wake_requested=False)
+    # Every runner's end asks; the tenant's queue is nearly always empty, and this look (what
+    # the locking read below would see, committed rows only) costs one statement, not three.
+    if not waiting.exists():
+        return 0
     with transaction.atomic():
-        waiting = Session.objects.filter(
-            tenant_id=tenant_id, status=SessionStatus.QUEUED, runner_token__isnull=True
-        ).order_by("updated_at")
-        if not again:
-            waiting = waiting.filter(wake_requested=False)
+        waiting = waiting.order_by("updated_at")
         if connection.features.has_select_for_update_skip_locked:
             waiting = waiting.select_for_update(skip_locked=True)
         picked = list(waiting.values_list("pk", flat=True)[:limit])
@@ -319,7 +332,7 @@ def _advance(agent: AgentService) -> Progress:
     elsewhere) the queue and the Session are looked at first."""
     if agent.current:
         try:
-            return Progress(steps=_step(agent))
+            return _step(agent)
         except engine.StaleSlice:
             return Progress(again=True)
     session_id, token = agent.session_id, agent.token
@@ -351,7 +364,7 @@ def _advance(agent: AgentService) -> Progress:
             agent.invalidate()
             return Progress(steps=1, consumed=boundary.consumed)
         try:
-            return Progress(steps=_step(agent), consumed=boundary.consumed)
+            return dataclasses.replace(_step(agent), consumed=boundary.consumed)
         except engine.StaleSlice:
             return Progress(consumed=boundary.consumed, again=True)
     if boundary.next_input is None:
@@ -365,14 +378,14 @@ def _advance(agent: AgentService) -> Progress:
     # commit finds it too and nothing is done (StaleSlice); the boundary then runs.
     agent.prepare(turn.pk, started=turn)
     try:
-        return Progress(steps=_step(agent), consumed=1)
+        return dataclasses.replace(_step(agent), consumed=1)
     except engine.StaleSlice:
         return Progress(consumed=1, again=True)
 
 
-def _step(agent: AgentService) -> int:
-    agent.step()
-    return 1
+def _step(agent: AgentService) -> Progress:
+    result = agent.step()
+    return Progress(steps=1, turn_ended=bool(result.ended) and not result.followups)
 
 
 def hand_over_slices() -> None:

@@ -317,3 +317,44 @@ def test_a_new_turns_first_step_follows_its_start_without_reading_it_back(sessio
     assert '"sessions_app_input"' not in read and '"sessions_app_turn"' not in read, read
     assert read.count('"sessions_app_session"') == 1, read  # the slice's own read of the Session
     assert Turn.objects.get(session=session).reason == "completed"
+
+
+def test_a_turn_that_ends_with_nothing_waiting_releases_without_another_boundary(session, model_server):
+    """Per-turn overhead (issue #26): after the turn's end the slice releases at once (release
+    itself looks at the queue under the row lock); no boundary (lock, queue read) and no look for
+    follow-ups the turn's own end said it has not."""
+    model_server.default("agent", lambda request: text_reply("ok"))
+    send(session, "hello")
+    with CaptureQueriesContext(connection) as queries:
+        assert brain.drive(session.pk) == "released"
+
+    sql = [q["sql"] for q in queries.captured_queries]
+    ended = next(i for i, s in enumerate(sql) if s.startswith('INSERT INTO "sessions_app_delivery"'))
+    after = sql[ended:]
+    assert sum('FROM "sessions_app_input"' in s for s in after) == 1, after  # release's own look
+    assert not any("followups_pending" in s and s.startswith("SELECT") for s in after), after
+    session.refresh_from_db()
+    assert (session.status, session.runner_token) == ("idle", None)
+
+
+def test_a_message_sent_during_a_turns_last_call_is_taken_by_the_same_slice(session, model_server):
+    model_server.script("agent", text_reply("first", delay_before_s=1.0), text_reply("second"))
+    send(session, "one")
+
+    def run():
+        try:
+            return brain.drive(session.pk)
+        finally:
+            connection.close()
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    model_server.wait_for_requests(1, timeout=10)
+    send(session, "two")  # queued while the first turn's only call is in flight
+    runner.join(timeout=20)
+
+    turns = list(Turn.objects.filter(session=session).order_by("number").values_list("reason", flat=True))
+    assert turns == ["completed", "completed"]
+    assert RunnerSlice.objects.filter(session=session).count() == 1
+    session.refresh_from_db()
+    assert (session.status, session.runner_token) == ("idle", None)

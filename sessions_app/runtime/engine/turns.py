@@ -210,10 +210,11 @@ def fail_turn(session: Session, turn: Turn, *, code: str, reason: str) -> None:
 
 def finish_turn(
     session_id, token, turn_id: int, reason: str, detail: str = "", *, progress: TurnProgress | None = None
-) -> None:
+) -> bool:
     """End the runner's turn (with its last step count and loop-guard memory). A `completed`
     turn gets its delivery record in the same commit, announced before `turn.ended` so a client
-    that stops at the turn's end has seen it."""
+    that stops at the turn's end has seen it. Returns whether the end has follow-ups for Brain
+    to apply (`end_turn`); True, to be safe, when the turn had already ended."""
     facts = None
     if reason == TurnReason.COMPLETED:
         turn = Turn.objects.get(pk=turn_id)
@@ -223,13 +224,13 @@ def finish_turn(
     with locked_session(session_id, token) as session:
         turn = Turn.objects.get(pk=turn_id)
         if turn.ended_at is not None:
-            return
+            return True
         if facts is not None:
             _record_delivery(session, turn, facts)
         progressed = ["steps", "guard_state"] if progress is not None else []
         if progress is not None:
             turn.steps, turn.guard_state = progress.steps, progress.guard_state
-        end_turn(session, turn, reason, detail, also_save=progressed)
+        return end_turn(session, turn, reason, detail, also_save=progressed)
 
 
 @dataclass
