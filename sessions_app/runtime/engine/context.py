@@ -16,6 +16,7 @@ from ..llm.base import EncodedMessages
 from ..llm.config import EffectiveModel
 from .fencing import RunnerWriter
 from .history import append_message, stored_calls, without_nul
+from .rows import insert_row, update_row
 
 BASE_SYSTEM_PROMPT = """You are xAgent, an agent working on a long-running task for the user inside a Session.
 You work in the Session's workspace (a private file tree) through tools. Plan multi-step work with
@@ -136,23 +137,28 @@ def begin_model_call(
     """Open a step: the model-call record of what is sent and `model.started`. Raises
     StaleSlice (nothing written) if the Session changed since the slice read it."""
     with writer.commit(opens_step=True) as session:
-        call = ModelCall.objects.create(
-            tenant_id=session.tenant_id,
-            session_id=session.pk,
-            turn_id=turn_id,
-            purpose=purpose,
-            provider=request.model.provider,
-            model=request.model.model,
-            base_url=request.model.base_url,
-            params={"max_tokens": request.model.max_output_tokens, "temperature": request.model.temperature},
-            system_prompt_id=request.system_prompt_blob_id,
-            tool_schemas_id=request.tool_schemas_blob_id,
-            first_message_id=request.first_message_id,
-            last_message_id=request.last_message_id,
-            message_count=request.message_count,
-            messages_digest=request.messages_digest,
-            fact_versions=request.fact_versions,
-            estimated_prompt_tokens=request.estimated_tokens,
+        call = insert_row(
+            ModelCall(
+                tenant_id=session.tenant_id,
+                session_id=session.pk,
+                turn_id=turn_id,
+                purpose=purpose,
+                provider=request.model.provider,
+                model=request.model.model,
+                base_url=request.model.base_url,
+                params={
+                    "max_tokens": request.model.max_output_tokens,
+                    "temperature": request.model.temperature,
+                },
+                system_prompt_id=request.system_prompt_blob_id,
+                tool_schemas_id=request.tool_schemas_blob_id,
+                first_message_id=request.first_message_id,
+                last_message_id=request.last_message_id,
+                message_count=request.message_count,
+                messages_digest=request.messages_digest,
+                fact_versions=request.fact_versions,
+                estimated_prompt_tokens=request.estimated_tokens,
+            )
         )
         emit(session, "model.started", {"model_call_id": call.pk})
     return call
@@ -185,7 +191,9 @@ def end_model_call(
     with writer.commit(
         increments={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
     ) as session:
-        ModelCall.objects.filter(pk=call.pk).update(
+        update_row(
+            ModelCall,
+            call.pk,
             finish_reason=outcome.finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,

@@ -20,6 +20,7 @@ from ..events import emit
 from ..llm.base import EncodedMessages
 from ..llm.tokens import estimate_message_tokens
 from .fencing import RunnerWriter
+from .rows import insert_row
 
 # Guidance is stored as the person wrote it; the request frames it.
 GUIDANCE_FRAME = "[Guidance from the user while you work — take it into account from this step on]\n"
@@ -98,14 +99,16 @@ def append_message(session: Session, turn_id: int | None, role: str, content: st
         tool_call_id=fields.get("tool_call_id", ""),
         input_kind=input.kind if input is not None else None,
     )
-    message = Message.objects.create(
-        tenant_id=session.tenant_id,
-        session_id=session.pk,
-        turn_id=turn_id,
-        role=role,
-        content=content,
-        token_estimate=estimate_message_tokens(wire),
-        **fields,
+    message = insert_row(
+        Message(
+            tenant_id=session.tenant_id,
+            session_id=session.pk,
+            turn_id=turn_id,
+            role=role,
+            content=content,
+            token_estimate=estimate_message_tokens(wire),
+            **fields,
+        )
     )
     message.wire = wire  # for the slice's RequestHistory: not recomputed, not re-read
     emit(session, "message.committed", {"message_id": message.pk, "role": role})
