@@ -1,6 +1,7 @@
 """Seams of one step (issue #10): every runner write is fenced by the lease, a step opens only
 when nothing the slice cached changed, and one OpenAI client per endpoint and key is reused."""
 
+import json
 import uuid
 
 import pytest
@@ -203,3 +204,16 @@ def test_a_fenced_commit_writes_its_events_in_the_fencing_statement_on_postgresq
     assert_gap_free(session)
     types = list(session.events.order_by("seq").values_list("type", flat=True))
     assert types.count("tool.ended") == 2 and types.count("file.changed") == 1, types
+
+
+def test_the_tool_schemas_are_encoded_once_per_list_and_a_new_list_afresh():
+    tools = [{"type": "function", "function": {"name": "fs_list", "parameters": {"type": "object"}}}]
+    first = json.loads(request_body(model(), [{"role": "user", "content": "hi"}], tools))
+    again = json.loads(request_body(model(), [{"role": "user", "content": "ho"}], tools))
+    other = [{"type": "function", "function": {"name": "fs_read", "parameters": {"type": "object"}}}]
+    changed = json.loads(request_body(model(), [{"role": "user", "content": "hi"}], other))
+
+    assert first["tools"] == again["tools"] == tools
+    assert again["messages"] == [{"role": "user", "content": "ho"}]
+    assert changed["tools"] == other
+    assert "tools" not in json.loads(request_body(model(), [], []))

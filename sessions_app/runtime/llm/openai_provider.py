@@ -156,15 +156,33 @@ def request_body(
     )
     if model.temperature is not None:
         params["temperature"] = model.temperature
-    if tools:
-        params["tools"] = tools
     encoded = (
         messages.json_array()
         if isinstance(messages, EncodedMessages)
         else json.dumps(messages, ensure_ascii=False)
     )
-    head = json.dumps(params, ensure_ascii=False)
-    return f'{head[:-1]}, "messages": {encoded}}}'.encode()
+    head = json.dumps(params, ensure_ascii=False)[:-1]
+    if tools:
+        head += f', "tools": {_encoded_tools(tools)}'
+    return f'{head}, "messages": {encoded}}}'.encode()
+
+
+_ENCODED_TOOLS: dict[int, tuple[list, str]] = {}
+_ENCODED_TOOLS_KEPT = 512
+
+
+def _encoded_tools(tools: list[dict]) -> str:
+    """The tool schemas as JSON, encoded once per list: a slice sends the same list (dozens of
+    schemas) with every step of its turn. Keyed by the list's identity, checked, so a list
+    garbage-collected and another allocated at its address is encoded afresh."""
+    kept = _ENCODED_TOOLS.get(id(tools))
+    if kept is not None and kept[0] is tools:
+        return kept[1]
+    encoded = json.dumps(tools, ensure_ascii=False)
+    if len(_ENCODED_TOOLS) >= _ENCODED_TOOLS_KEPT:
+        _ENCODED_TOOLS.clear()
+    _ENCODED_TOOLS[id(tools)] = (tools, encoded)  # holds the list: its id stays its own
+    return encoded
 
 
 # A reported count is the server's word: kept within what the evidence columns hold (a negative
