@@ -13,6 +13,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -232,6 +233,9 @@ class Broadcaster:
         asyncio.set_event_loop(loop)
         while True:
             batch = [self.queue.get()]
+            # A busy process announces a few events every millisecond: lingering a moment lets
+            # them share one batch (one Redis round trip, one loop run) instead of one each.
+            time.sleep(BATCH_LINGER_S)
             while len(batch) < MAX_BATCH:
                 try:
                     batch.append(self.queue.get_nowait())
@@ -245,6 +249,7 @@ class Broadcaster:
 
 BROADCAST_CONCURRENCY = 8
 MAX_BATCH = 1000
+BATCH_LINGER_S = 0.005
 _EVENT_TYPES = ("session.event", "session.events")
 
 
