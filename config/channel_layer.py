@@ -52,11 +52,6 @@ class RedisChannelLayer(channels_redis.core.RedisChannelLayer):
     `_map_channel_keys_to_connection`, so process-local channels get their `__asgi_channel__`).
     """
 
-    # KEYS[1] the group's key; ARGV[1] the score below which members have expired.
-    _MEMBERS = """
-        redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, ARGV[1])
-        return redis.call('ZRANGE', KEYS[1], 0, -1)
-    """
     # KEYS: channel keys; ARGV: a message per key, a capacity per key, now, expiry.
     _DELIVER = """
         local now = tonumber(ARGV[#ARGV - 1])
@@ -74,7 +69,8 @@ class RedisChannelLayer(channels_redis.core.RedisChannelLayer):
         return over_capacity
     """
 
-    # KEYS: group keys; ARGV[1] the score below which members have expired. A list per key.
+    # KEYS: group keys; ARGV[1] the score below which members have expired. Each group's
+    # expired members are dropped and the rest returned, a list per key.
     _MEMBERS_OF_GROUPS = """
         local members = {}
         for i = 1, #KEYS do
@@ -86,10 +82,7 @@ class RedisChannelLayer(channels_redis.core.RedisChannelLayer):
 
     async def group_send(self, group, message):
         assert self.require_valid_group_name(group), "Group name not valid"
-        connection = self.connection(self.consistent_hash(group))
-        members = await connection.eval(
-            self._MEMBERS, 1, self._group_key(group), int(time.time()) - self.group_expiry
-        )
+        (members,) = await self._members_of(self.consistent_hash(group), [group])
         if members:
             await self._deliver(group, members, message)
 
@@ -101,20 +94,23 @@ class RedisChannelLayer(channels_redis.core.RedisChannelLayer):
         for group, messages in sends:
             assert self.require_valid_group_name(group), "Group name not valid"
             by_connection.setdefault(self.consistent_hash(group), []).append((group, messages))
-        expired_below = int(time.time()) - self.group_expiry
         for index, group_sends in by_connection.items():
-            members_of = await self.connection(index).eval(
-                self._MEMBERS_OF_GROUPS,
-                len(group_sends),
-                *(self._group_key(group) for group, _ in group_sends),
-                expired_below,
-            )
+            members_of = await self._members_of(index, [group for group, _ in group_sends])
             for (group, messages), members in zip(group_sends, members_of, strict=True):
                 for message in messages if members else ():
                     try:
                         await self._deliver(group, members, message)
                     except Exception:  # one group's failure costs that group latency, nothing more
                         logger.warning("broadcast to %s failed", group, exc_info=True)
+
+    async def _members_of(self, index: int, groups: list[str]) -> list[list[bytes]]:
+        """The live members of each of `groups` (all on connection `index`): one round trip."""
+        return await self.connection(index).eval(
+            self._MEMBERS_OF_GROUPS,
+            len(groups),
+            *(self._group_key(group) for group in groups),
+            int(time.time()) - self.group_expiry,
+        )
 
     async def _deliver(self, group: str, members: list[bytes], message: dict) -> None:
         by_connection, message_for, capacity_of = self._map_channel_keys_to_connection(

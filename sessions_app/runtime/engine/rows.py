@@ -44,6 +44,7 @@ def update_row(model: type[Model], pk, **values) -> int:
         return cursor.rowcount
 
 
+# `vendor` is part of the cache key: the quoting and RETURNING depend on the database.
 @cache
 def _insert_statement(model: type[Model], vendor: str) -> tuple[list, str]:
     meta = model._meta
