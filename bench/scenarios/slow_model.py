@@ -55,7 +55,13 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from tests.support.model_server import ScriptedModelServer, _stream_events, text_reply, tool_call, tool_reply
+from tests.support.model_server import (
+    ScriptedModelServer,
+    stream_event_count,
+    text_reply,
+    tool_call,
+    tool_reply,
+)
 
 from ..figures import figure, target
 from ..harness import api_key_for, median_of_runs, new_owner, new_session, percentile
@@ -108,9 +114,12 @@ def slow_reply(request):
     if not request.stream:
         reply.delay_before_s = ANSWER_S
         return reply
+    # The usage a provider reports, from the request's size: the server's own estimate encodes
+    # every message again, a cost the shared machine would charge to the runtime measured.
+    reply.usage = {"prompt_tokens": max(1, len(request.raw_body) // 4), "completion_tokens": 20}
     # The wait before the first event and between events: k equal parts of ANSWER_S.
     include_usage = bool((request.body.get("stream_options") or {}).get("include_usage"))
-    events = len(list(_stream_events(reply, request, include_usage)))
+    events = stream_event_count(reply, include_usage)
     reply.delay_before_s = reply.delay_per_chunk_s = ANSWER_S / events
     return reply
 

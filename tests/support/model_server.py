@@ -654,6 +654,18 @@ def _split(text: str, size: int, *, min_parts: int = 1) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
+def stream_event_count(reply: Reply, include_usage: bool) -> int:
+    """How many SSE events `_stream_events` sends for `reply` ([DONE] included), without
+    building them: a caller pacing a stream over a fixed time (bench slow_model) needs the count
+    before the first event, and building every event twice costs the shared machine CPU."""
+    calls = sum(
+        1 + len(_split(call.arguments_text(), reply.args_chunk_size, min_parts=2))
+        for call in reply.tool_calls
+    )
+    text_parts = len(_split(reply.text or "", reply.chunk_size))
+    return 1 + text_parts + calls + 1 + (1 if include_usage else 0) + 1
+
+
 def _stream_events(reply: Reply, rec: RecordedRequest, include_usage: bool) -> Iterator[bytes]:
     """SSE events shaped like OpenAI's Chat Completions stream."""
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"

@@ -17,6 +17,7 @@ from tests.support.model_server import (
     ScriptedModelServer,
     error_reply,
     json_reply,
+    stream_event_count,
     text_reply,
     tool_call,
     tool_reply,
@@ -282,6 +283,24 @@ def test_usage_chunk_with_include_usage(server):
     chunks = stream_chunks(client)
     assert all(chunk.usage is None for chunk in chunks)
     assert all(chunk.choices for chunk in chunks)
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_stream_event_count_is_what_the_server_sends(server, include_usage):
+    replies = [
+        text_reply("a text long enough for several chunks of sixteen"),
+        tool_reply(
+            [tool_call("fs_write", {"path": "a.txt", "content": "x" * 40}, id="c1"), tool_call("fs_list", {})]
+        ),
+        text_reply(""),
+    ]
+    client = client_for(server)
+    for reply in replies:
+        server.script("agent", reply)
+        stream_chunks(client, **({"stream_options": {"include_usage": True}} if include_usage else {}))
+        assert server.requests[-1].wait_done(timeout=5).chunks_sent == stream_event_count(
+            reply, include_usage
+        )
 
 
 def test_non_stream_mode(server):
