@@ -16,9 +16,10 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 
 from channels.layers import get_channel_layer
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
 from ..models import Session, SessionEvent
@@ -43,6 +44,25 @@ class SessionRef:
     pk: object
     tenant_id: int
     last_event_seq: int
+
+
+class RowRef:
+    """The pk of a row that the statement writing an event also inserts (a runner's one-statement
+    commit, engine/rows.py): the event's data names it before it exists, the database fills it in
+    (`insert_statement`) and the writer replaces it for the broadcast once the statement ran."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    @property
+    def cte(self) -> str:
+        """The WITH member that inserts the row and returns its pk."""
+        return f"inserted_{self.index}"
+
+    def __repr__(self) -> str:
+        return f"RowRef({self.index})"
 
 
 @dataclass
@@ -145,35 +165,45 @@ def insert_statement(
     """The multi-row INSERT of `events` as (sql, params). `typed`: each value cast to its
     column's type, so the rows may come from a SELECT (`... SELECT * FROM (VALUES …) WHERE …`,
     PostgreSQL), not only from a plain VALUES list."""
+    conn = connections[DEFAULT_DB_ALIAS]  # not the proxy: one thread-local lookup, not dozens
     now = timezone.now()
     field = SessionEvent._meta.get_field
     tenant, session_id = (
-        field("tenant").get_db_prep_save(session.tenant_id, connection),
-        field("session").get_db_prep_save(session.pk, connection),
+        field("tenant").get_db_prep_save(session.tenant_id, conn),
+        field("session").get_db_prep_save(session.pk, conn),
     )
-    created_at = field("created_at").get_db_prep_save(now, connection)
+    created_at = field("created_at").get_db_prep_save(now, conn)
     data = field("data")
-    params = []
+    params, rows = [], []
+    into, row = _insert_parts(conn.vendor, typed)
     for event in events:
         event.created_at = now
-        params += [
-            tenant,
-            session_id,
-            event.seq,
-            event.type,
-            data.get_db_prep_save(event.data, connection),
-            created_at,
-        ]
+        # A pk the same statement inserts (engine.rows.RowRef) is added to the data by the database.
+        refs = {key: value for key, value in event.data.items() if isinstance(value, RowRef)} if typed else {}
+        static = {key: value for key, value in event.data.items() if key not in refs} if refs else event.data
+        params += [tenant, session_id, event.seq, event.type, data.get_db_prep_save(static, conn)]
+        if refs:
+            params += list(refs)
+            added = ", ".join(f"%s::text, (SELECT * FROM {ref.cte})" for ref in refs.values())
+            rows.append(row.replace("%s::jsonb", f"(%s::jsonb || jsonb_build_object({added}))", 1))
+        else:
+            rows.append(row)
+        params.append(created_at)
+    return f"{into} VALUES {', '.join(rows)}", params
+
+
+@cache
+def _insert_parts(vendor: str, typed: bool) -> tuple[str, str]:
+    """The INSERT's head and one row's placeholders (each cast to its column's type if `typed`)."""
+    field = SessionEvent._meta.get_field
     quote = connection.ops.quote_name
-    if typed:
-        row = "(" + ", ".join(f"%s::{field(name).db_type(connection)}" for name in _COLUMNS) + ")"
-    else:
-        row = "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
-    sql = (
+    into = (
         f"INSERT INTO {quote(SessionEvent._meta.db_table)} "
-        f"({', '.join(quote(field(name).column) for name in _COLUMNS)}) VALUES {', '.join([row] * len(events))}"
+        f"({', '.join(quote(field(name).column) for name in _COLUMNS)})"
     )
-    return sql, params
+    if typed:
+        return into, "(" + ", ".join(f"%s::{field(name).db_type(connection)}" for name in _COLUMNS) + ")"
+    return into, "(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"
 
 
 def _broadcast_after_commit(session: Session | SessionRef, events: list[NewEvent]) -> None:

@@ -206,6 +206,97 @@ def test_a_fenced_commit_writes_its_events_in_the_fencing_statement_on_postgresq
     assert types.count("tool.ended") == 2 and types.count("file.changed") == 1, types
 
 
+def observed_writer(session, token, tenant):
+    writer = writer_for(session, token)
+    session.refresh_from_db()
+    writer.observe(
+        last_event_seq=session.last_event_seq,
+        config_version=session.config_version,
+        tenant_config_version=tenant.config_version,
+    )
+    return writer
+
+
+@pytest.mark.django_db
+def test_a_step_commit_is_one_statement_on_postgresql_and_its_events_name_the_new_rows(
+    tenant_a, owner_a, django_capture_on_commit_callbacks
+):
+    """Issue #26: the model call's begin, its end and each tool result go out as the fencing
+    statement alone (no BEGIN/COMMIT round trips); the ids the events name are the rows' own,
+    in the log and in what listeners receive."""
+    import asyncio
+
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from sessions_app.runtime import events
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite allows no UPDATE inside a WITH: a transaction of several statements there")
+    session = new_session(tenant_a, owner_a)
+    token = brain.acquire(session.pk)
+    turn = Turn.objects.create(tenant=tenant_a, session=session, number=1)
+    writer = observed_writer(session, token, tenant_a)
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(events.session_group(session.pk), channel)
+
+    with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks(execute=True):
+        message = engine.commit_tool_result(
+            writer, turn.pk, call_id="c1", tool="fs_list", content="x", ok=True, summary="x"
+        )
+
+    assert len(queries.captured_queries) == 1, [q["sql"] for q in queries.captured_queries]
+    stored = Message.objects.get(session=session, tool_call_id="c1")
+    assert message.pk == stored.pk and not message._state.adding
+    logged = session.events.get(type="message.committed")
+    assert logged.data == {"message_id": stored.pk, "role": "tool"}
+
+    async def receive():
+        received = await asyncio.wait_for(layer.receive(channel), 10)
+        return received.get("events") or [received["event"]]
+
+    sent = {event["type"]: event for event in async_to_sync(receive)()}
+    assert sent["message.committed"]["data"] == {"message_id": stored.pk, "role": "tool"}
+    assert sent["message.committed"]["seq"] == logged.seq
+    assert_gap_free(session)
+
+
+@pytest.mark.django_db
+def test_a_one_statement_commit_from_a_lost_lease_writes_nothing(tenant_a, owner_a):
+    session = new_session(tenant_a, owner_a)
+    token = brain.acquire(session.pk)
+    turn = Turn.objects.create(tenant=tenant_a, session=session, number=1)
+    writer = observed_writer(session, token, tenant_a)
+    Session.objects.filter(pk=session.pk).update(runner_token=uuid.uuid4())  # another runner took over
+
+    with pytest.raises(engine.LeaseLost):
+        engine.commit_tool_result(
+            writer, turn.pk, call_id="c1", tool="fs_list", content="y", ok=True, summary="y"
+        )
+
+    assert not Message.objects.filter(session=session).exists()
+    assert not session.events.filter(type__in=["tool.ended", "message.committed"]).exists()
+    assert_gap_free(session)
+
+
+@pytest.mark.django_db
+def test_a_statement_of_its_own_inside_a_one_statement_commit_is_refused(tenant_a, owner_a):
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement commit is PostgreSQL's")
+    session = new_session(tenant_a, owner_a)
+    token = brain.acquire(session.pk)
+    writer = observed_writer(session, token, tenant_a)
+
+    with pytest.raises(RuntimeError, match="statement of its own"), writer.commit(one_statement=True):
+        Turn.objects.count()
+    assert writer.current  # nothing was sent: the slice's view of the Session still holds
+
+
 def test_the_tool_schemas_are_encoded_once_per_list_and_a_new_list_afresh():
     tools = [{"type": "function", "function": {"name": "fs_list", "parameters": {"type": "object"}}}]
     first = json.loads(request_body(model(), [{"role": "user", "content": "hi"}], tools))

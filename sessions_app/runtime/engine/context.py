@@ -136,7 +136,7 @@ def begin_model_call(
 ) -> ModelCall:
     """Open a step: the model-call record of what is sent and `model.started`. Raises
     StaleSlice (nothing written) if the Session changed since the slice read it."""
-    with writer.commit(opens_step=True) as session:
+    with writer.commit(opens_step=True, one_statement=True) as session:
         call = insert_row(
             ModelCall(
                 tenant_id=session.tenant_id,
@@ -189,7 +189,8 @@ def end_model_call(
     prompt_tokens = int(outcome.usage.get("prompt_tokens") or 0)
     completion_tokens = int(outcome.usage.get("completion_tokens") or 0)
     with writer.commit(
-        increments={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+        increments={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        one_statement=True,
     ) as session:
         update_row(
             ModelCall,

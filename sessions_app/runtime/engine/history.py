@@ -247,7 +247,7 @@ def goal_round_in(payload) -> dict | None:
 def commit_tool_result(writer: RunnerWriter, turn_id: int, **result) -> Message:
     """Commit the result of one tool call (the second half of its pair) in its own fenced
     commit: `record_tool_result`'s message and event."""
-    with writer.commit() as session:
+    with writer.commit(one_statement=True) as session:
         return record_tool_result(session, turn_id, **result)
 
 
