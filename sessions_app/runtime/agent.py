@@ -493,7 +493,13 @@ class AgentService:
     def _end(self, reason: str, detail: str = "") -> StepResult:
         context = self.context
         followups = engine.finish_turn(
-            self.session_id, self.token, context.turn_id, reason, detail, progress=context.progress
+            self.session_id,
+            self.token,
+            context.turn_id,
+            reason,
+            detail,
+            progress=context.progress,
+            redactor=context.redactor,
         )
         context.progress_saved = copy.deepcopy(context.progress)
         self.invalidate()

@@ -21,9 +21,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.db.models import ExpressionWrapper, IntegerField, Subquery
+
 from approvals_app.choices import ApprovalStatus
 from approvals_app.models import PendingApproval
-from tools_app.secrets import tenant_redactor
+from tools_app.secrets import Redactor, tenant_redactor
 from tools_app.service import DENIED_BY_POLICY
 from tools_app.workspace import list_tree
 
@@ -69,27 +71,36 @@ def _changed_paths(turn: Turn, workspace: Path) -> list[str]:
     started count too, unless a person is the last to have announced them: a tool that writes
     without announcing (a shell command, an MCP server) is still seen.
     """
-    started = (
-        SessionEvent.objects.filter(session_id=turn.session_id, type="turn.started", data__turn_id=turn.pk)
-        .values_list("seq", flat=True)
-        .first()
-    )
+    # One query: the turn's `turn.started` and the `file.changed` events from PERSON_LOOKBACK_EVENTS
+    # before it on, in order (none at all when the turn never started).
+    started_seq = SessionEvent.objects.filter(
+        session_id=turn.session_id, type="turn.started", data__turn_id=turn.pk
+    ).values("seq")[:1]
+    window = SessionEvent.objects.filter(
+        session_id=turn.session_id,
+        type__in=("turn.started", "file.changed"),
+        seq__gt=ExpressionWrapper(
+            Subquery(started_seq) - PERSON_LOOKBACK_EVENTS, output_field=IntegerField()
+        ),
+    ).order_by("seq")
+    started = None
     by_tools: dict[str, str] = {}
     last_by_person: set[str] = set()
-    if started is not None:
-        for seq, data in SessionEvent.objects.filter(
-            session_id=turn.session_id, type="file.changed", seq__gt=max(started - PERSON_LOOKBACK_EVENTS, 0)
-        ).values_list("seq", "data"):
-            if not isinstance(data, dict) or not isinstance(data.get("path"), str):
-                continue
-            path = data["path"]
-            if data.get("by"):
-                last_by_person.add(path)
-                by_tools.pop(path, None)
-            else:
-                last_by_person.discard(path)
-                if seq > started:
-                    by_tools[path] = data.get("op", "")
+    for seq, type_, data in window.values_list("seq", "type", "data"):
+        if type_ == "turn.started":
+            if isinstance(data, dict) and data.get("turn_id") == turn.pk:
+                started = seq
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("path"), str):
+            continue
+        path = data["path"]
+        if data.get("by"):
+            last_by_person.add(path)
+            by_tools.pop(path, None)
+        else:
+            last_by_person.discard(path)
+            if started is not None and seq > started:
+                by_tools[path] = data.get("op", "")
     paths = {path for path, op in by_tools.items() if op != "deleted"}
     if workspace.is_dir():
         since = turn.started_at.timestamp() - MTIME_SLACK_S
@@ -185,9 +196,10 @@ def _read_messages(turn_id: int, decisions: list) -> tuple[list[dict], str]:
     return unresolved, answer
 
 
-def gather(turn: Turn, workspace: Path) -> DeliveryFacts:
-    """Everything a delivery record holds; reads the workspace, so call it outside the Session lock."""
-    redactor = tenant_redactor(turn.tenant_id)
+def gather(turn: Turn, workspace: Path, redactor: Redactor | None = None) -> DeliveryFacts:
+    """Everything a delivery record holds; reads the workspace, so call it outside the Session lock.
+    `redactor`: the runner slice's (the tenant's secrets as the slice read them), else read here."""
+    redactor = redactor if redactor is not None else tenant_redactor(turn.tenant_id)
     files, checks = [], []
     for rel in _changed_paths(turn, workspace)[:MAX_DELIVERED_FILES]:
         path = workspace / rel

@@ -209,18 +209,26 @@ def fail_turn(session: Session, turn: Turn, *, code: str, reason: str) -> None:
 
 
 def finish_turn(
-    session_id, token, turn_id: int, reason: str, detail: str = "", *, progress: TurnProgress | None = None
+    session_id,
+    token,
+    turn_id: int,
+    reason: str,
+    detail: str = "",
+    *,
+    progress: TurnProgress | None = None,
+    redactor=None,
 ) -> bool:
     """End the runner's turn (with its last step count and loop-guard memory). A `completed`
     turn gets its delivery record in the same commit, announced before `turn.ended` so a client
-    that stops at the turn's end has seen it. Returns whether the end has follow-ups for Brain
-    to apply (`end_turn`); True, to be safe, when the turn had already ended."""
+    that stops at the turn's end has seen it; `redactor`: the slice's, if it has one (else the
+    tenant's secrets are read). Returns whether the end has follow-ups for Brain to apply
+    (`end_turn`); True, to be safe, when the turn had already ended."""
     facts = None
     if reason == TurnReason.COMPLETED:
         turn = Turn.objects.get(pk=turn_id)
         if turn.ended_at is None:
             # Reading and parsing the files happens before the lock is taken.
-            facts = deliveries.gather(turn, workspace_dir(turn.tenant_id, session_id))
+            facts = deliveries.gather(turn, workspace_dir(turn.tenant_id, session_id), redactor)
     with locked_session(session_id, token) as session:
         turn = Turn.objects.get(pk=turn_id)
         if turn.ended_at is not None:
