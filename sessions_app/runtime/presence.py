@@ -99,6 +99,14 @@ def ensure_started() -> None:
     with _lock:
         if _state["thread"] is not None:
             return
+        # The first beat is written before this returns, so before this process claims a lease:
+        # a holder without a row is gone, and a sweep running meanwhile (this worker's own start
+        # sweep, beat's) would expire the lease a new runner just took — a false takeover that
+        # re-runs or closes its calls.
+        try:
+            beat()
+        except Exception:
+            logger.warning("first presence beat failed; the beat thread retries", exc_info=True)
         stop = threading.Event()
         thread = threading.Thread(
             target=_beat_forever, args=(stop, interval), name="xagent-presence", daemon=True

@@ -92,6 +92,18 @@ class TestGoneHolders:
         assert row.seen_at >= first and row.pid == os.getpid()
         assert WorkerPresence.objects.count() == 1
 
+    def test_a_process_is_present_as_soon_as_it_may_claim_a_lease(self, transactional_db, settings):
+        """`ensure_started` (worker start, a process's first slice) returns only once this
+        process's row is written: a sweep between the claim and the thread's first beat would
+        otherwise judge the new holder gone and expire its lease."""
+        settings.XAGENT_PRESENCE_BEAT_SECONDS = 3600  # the thread beats once, then sleeps
+        try:
+            presence.ensure_started()
+            assert presence.gone_holders({presence.holder_id()}) == set()
+        finally:
+            presence.stop_presence()
+        assert not WorkerPresence.objects.exists()
+
     def test_rows_of_processes_gone_for_long_are_pruned(self, db):
         _row("elsewhere/1:7:old0", seen_ago=presence.FORGET_AFTER.total_seconds() + 60)
         _row("elsewhere/1:8:new0", seen_ago=30)
