@@ -195,6 +195,29 @@ def test_the_session_list_follows_statuses_live(page):
     other.close()
 
 
+# Frames a page sends on its sockets vanish (a network that drops them); events still arrive.
+DROP_SENT_FRAMES = """(() => {
+  window.WebSocket.prototype.send = function () {};
+})();"""
+
+
+def test_a_message_is_committed_before_the_box_clears_even_with_the_socket_open(page):
+    """The composer posts every message through the API (its 202: committed) and clears the box
+    only then; a frame on a live socket could vanish with the text already gone."""
+    page.add_init_script(DROP_SENT_FRAMES)
+    log_in(page)
+    page.get_by_test_id("new-session-title").fill("Kept input")
+    page.get_by_test_id("new-session-submit").click()
+    expect(page).to_have_url(SESSION_URL)
+    expect(page.get_by_test_id("live-indicator")).to_have_attribute("data-state", "live")
+
+    page.get_by_test_id("composer-input").fill("hello")
+    page.get_by_test_id("send-button").click()
+
+    expect(page.get_by_test_id("composer-input")).to_have_value("")
+    expect(assistant_messages(page)).to_have_count(1, timeout=LIVE_TIMEOUT_MS)
+
+
 # Lets a test cut the page's network for WebSockets: every socket stays reachable (to drop it),
 # and while `__offline` is set, new ones go to a closed port and fail like a dead network.
 CONTROL_SOCKETS = """(() => {

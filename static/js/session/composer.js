@@ -56,18 +56,16 @@ export async function send() {
   const kind = ui.guidance.checked ? "guidance" : "message";
   ui.send.disabled = true;
   try {
-    if (socketOpen()) {
-      state.ws.send(JSON.stringify({ type: "input", text, kind }));
-      state.awaitingAck.push({ kind: "input", note: kind === "guidance" ? "Guidance queued." : "Message queued." });
-      note("Sending…");
-    } else {
-      await api(`${boot.api}inputs/`, {
-        method: "POST",
-        body: { text, kind },
-        headers: { "Idempotency-Key": newIdempotencyKey() },
-      });
-      note(kind === "guidance" ? "Guidance queued." : "Message queued.");
-    }
+    // Always through the API, even with the socket open: its 202 means the input is committed,
+    // and only then is the box cleared. A frame on a socket that drops before the server reads
+    // it would be lost with the text already gone (the frame carries no idempotency key).
+    note("Sending…");
+    await api(`${boot.api}inputs/`, {
+      method: "POST",
+      body: { text, kind },
+      headers: { "Idempotency-Key": newIdempotencyKey() },
+    });
+    note(kind === "guidance" ? "Guidance queued." : "Message queued.");
     ui.input.value = "";
     updateInputCount();
   } catch (exc) {

@@ -45,7 +45,8 @@ export function connect() {
       const unanswered = state.awaitingAck;
       state.awaitingAck = [];
       if (unanswered.some((sent) => sent.kind !== "decide")) {
-        note("The connection dropped while sending; check that your last message arrived.", true);
+        // Messages go through the API (composer.js): what is left unanswered here is an interrupt.
+        note("The connection dropped while sending the interrupt; press Interrupt again if the Session goes on.", true);
       }
       // A decision may or may not have been recorded: ask the API rather than guess.
       for (const sent of unanswered) if (sent.kind === "decide") refreshApproval(sent.approvalId, { droppedWhileSending: true });
