@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from django.db.models import ExpressionWrapper, IntegerField, Subquery
+from django.db.models import Case, ExpressionWrapper, F, IntegerField, Q, Subquery, TextField, Value, When
 
 from approvals_app.choices import ApprovalStatus
 from approvals_app.models import PendingApproval
@@ -140,11 +140,10 @@ def _decided_calls(turn_id: int) -> dict[str, dict]:
     }
 
 
-def _decision_of(message, decided: dict[str, dict]) -> dict | None:
+def _decision_of(call_id: str, content: str, decided: dict[str, dict]) -> dict | None:
     """A failed result that is a decision (a person's rejection or expiry, a deny rule), or None."""
-    if message.tool_call_id in decided:
-        return decided[message.tool_call_id]
-    content = message.content or ""
+    if call_id in decided:
+        return decided[call_id]
     if content.startswith(DENIED_BY_POLICY):
         return {"decision": "denied", "by": None, "comment": content[len(DENIED_BY_POLICY) :][:SUMMARY_CHARS]}
     return None
@@ -164,10 +163,23 @@ def _read_messages(turn_id: int, decisions: list) -> tuple[list[dict], str]:
     failures: list[tuple[str, str, str, str]] = []  # (call_id, tool, target, summary)
     decided = None  # read at the first failed result: most turns have none
     answer = ""
-    rows = Message.objects.filter(turn_id=turn_id, role__in=[Role.ASSISTANT, Role.TOOL]).order_by("id")
-    for message in rows.only("role", "tool_calls", "tool_call_id", "tool_name", "is_error", "content"):
+    # Only the texts read here come back: a successful tool result (a file read, a listing) can
+    # be large and nothing of it is needed.
+    needed = Case(
+        When(Q(role=Role.ASSISTANT) | Q(is_error=True), then=F("content")),
+        default=Value(""),
+        output_field=TextField(),
+    )
+    rows = (
+        Message.objects.filter(turn_id=turn_id, role__in=[Role.ASSISTANT, Role.TOOL])
+        .order_by("id")
+        .only("role", "tool_calls", "tool_call_id", "tool_name", "is_error")
+        .annotate(needed_content=needed)
+    )
+    for message in rows:
+        content = message.needed_content or ""
         if message.role == Role.ASSISTANT:
-            answer = message.content or answer
+            answer = content or answer
             for call in message.tool_calls or []:
                 calls[call.get("id", "")] = (
                     call.get("name", ""),
@@ -178,15 +190,11 @@ def _read_messages(turn_id: int, decisions: list) -> tuple[list[dict], str]:
         if message.is_error:
             if decided is None:
                 decided = _decided_calls(turn_id)
-            decision = _decision_of(message, decided)
+            decision = _decision_of(message.tool_call_id, content, decided)
             if decision is not None:
                 decisions.append({"call_id": message.tool_call_id, "tool": tool, **decision})
                 continue
-            summary = (
-                (message.content or "").strip().splitlines()[0]
-                if (message.content or "").strip()
-                else "failed"
-            )
+            summary = content.strip().splitlines()[0] if content.strip() else "failed"
             failures.append((message.tool_call_id, tool, target, summary[:SUMMARY_CHARS]))
         else:
             failures = [f for f in failures if not (f[1] == tool and f[2] == target)]

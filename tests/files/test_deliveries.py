@@ -189,6 +189,36 @@ class TestUnresolvedFailures:
 
         assert [f["call_id"] for f in deliveries.unresolved_failures(turn.pk)] == ["c1"]
 
+    def test_the_turn_is_read_in_one_query_without_the_texts_of_its_successful_results(self, session_a):
+        turn = self.turn(
+            session_a,
+            [
+                ([call("c1", "fs_read", {"path": "big.txt"})], [("c1", True, "x" * 200_000)]),
+                ([call("c2", "fs_read", {"path": "gone.txt"})], [("c2", False, "'gone.txt' does not exist")]),
+            ],
+        )
+        Message.objects.create(
+            tenant=session_a.tenant,
+            session=session_a,
+            turn=turn,
+            role="assistant",
+            content="Read one of two.",
+        )
+        from django.db import connection
+        from django.test.utils import CaptureQueriesContext
+
+        decisions: list = []
+        with CaptureQueriesContext(connection) as queries:
+            failures, answer = deliveries._read_messages(turn.pk, decisions)
+
+        assert (failures, answer) == (
+            [{"call_id": "c2", "tool": "fs_read", "summary": "'gone.txt' does not exist"}],
+            "Read one of two.",
+        )
+        # The messages, then (a failure being there) the turn's decided approvals: no per-row reads.
+        assert len(queries.captured_queries) == 2, [q["sql"] for q in queries.captured_queries]
+        assert '"sessions_app_message"."content"' not in queries.captured_queries[0]["sql"].split(" CASE ")[0]
+
 
 class TestChecks:
     def check(self, tmp_path, name, content) -> artifacts.Check:
