@@ -121,10 +121,13 @@ def claim_within_tenant_limit(session_id, tenant_id) -> tuple[uuid.UUID | None, 
     with transaction.atomic():
         # FOR NO KEY UPDATE: claimers of one tenant queue behind each other, but a runner's commit
         # (its rows' foreign keys take KEY SHARE on the tenant while it holds its Session's row)
-        # never waits on it — with FOR UPDATE the two deadlocked.
-        Tenant.objects.select_for_update(no_key=True).filter(pk=tenant_id).values_list(
-            "pk", flat=True
-        ).first()
+        # never waits on it — with FOR UPDATE the two deadlocked. SQLite has no row locks (Django
+        # drops FOR UPDATE there) and needs none: its transaction (BEGIN IMMEDIATE, settings)
+        # already holds the database's one write lock, so the read is not sent.
+        if connection.features.has_select_for_update:
+            Tenant.objects.select_for_update(no_key=True).filter(pk=tenant_id).values_list(
+                "pk", flat=True
+            ).first()
         now = timezone.now()
         full = _running_in_tenant(tenant_id, besides=session_id) >= settings.XAGENT_TENANT_MAX_RUNNING
         # An interrupt never waits behind the limit: stopping work frees a place.
