@@ -766,8 +766,10 @@ class ScriptedModelServer:
         self._thread.start()
         return self
 
-    def stop(self, timeout: float = 1.0) -> None:
-        """Stop serving: close the listening socket and abort in-flight responses."""
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving: close the listening socket and abort in-flight responses. Waits up to
+        `timeout` for the connection threads (they end as soon as they run again: on a loaded
+        machine that took longer than 1 s, and a teardown check saw one still alive)."""
         httpd, thread = self._httpd, self._thread
         if httpd is None:
             return
