@@ -264,6 +264,9 @@ def figures_for(backend: str, count: int, small: int, runs: list[dict], wanted: 
         # The server answers in 1 s; what the runtime saw (ModelCall.started_at → ended_at) is longer
         # when the worker is too busy to read the stream as it comes.
         one("model call as the runtime saw it, mean", "call_s_mean", "s"),
+        # Between one call's end and the Session's next call: what a step costs in latency here.
+        one("between two model calls of a Session, p50", "step_gap_p50_s", "s"),
+        one("between two model calls of a Session, p95", "step_gap_p95_s", "s"),
         wait("first model call p50", "first_p50_s"),
         wait("first model call p95", "first_p95_s"),
         wait("first model call max", "first_max_s"),
@@ -273,6 +276,9 @@ def figures_for(backend: str, count: int, small: int, runs: list[dict], wanted: 
         # What one step costs the processes that run slices, in CPU: steadier than the wall figures
         # on a loaded machine, and what bounds them (their cores / this = steps per second).
         one("worker CPU per model call (step)", "worker_cpu_ms_per_call", "ms"),
+        # The whole machine (workers, database, Redis, this process and its stand-in model): near
+        # 100 % the cores bound the figures above, well below it a wait does.
+        one("machine CPU busy", "machine_busy_pct", "%"),
         one("worker RSS, peak", "rss_peak_mib", "MiB"),
         one("worker RSS growth per Session in flight", "rss_per_session_kib", "KiB"),
         # On SQLite too (not measured there), so the rows keep their order beside PostgreSQL's.
@@ -343,6 +349,7 @@ def measure(server, tenants: list[dict], big: int, small: int, embedded: bool, d
         "rss_idle_mib": idle_kib / 1024,
         "rss_peak_mib": sampler.peak_rss_kib / 1024,
         "worker_cpu_ms_per_call": 1000 * sampler.cpu_s / result["calls"] if result["calls"] else None,
+        "machine_busy_pct": 100 * sampler.machine_busy if sampler.machine_busy is not None else None,
         "rss_growth_mib": growth_kib / 1024,
         "peak_connections": sampler.peak_connections,
         "server_answer_s": server_answer_times(server),
@@ -472,9 +479,26 @@ def figures_of(ids, small_ids: set, outcome: str | None, stopped: float) -> dict
             [(s.timestamp(), e.timestamp() if e and e.timestamp() <= now else now) for _, s, e in calls]
         ),
         "turns_open_max": in_flight,
+        **step_gap_figures(done),
         **wait_figures("first", list(waits.values())),
         **wait_figures("small_first", [waits[sid] for sid in small_ids]),
     }
+
+
+def step_gap_figures(done: list[tuple]) -> dict:
+    """The runtime's own latency per step under this load: a call's end → the same Session's next
+    call's start (the answer read, the tool run, three commits, and any wait for a thread, the GIL
+    or a connection in between)."""
+    by_session: dict = {}
+    for session_id, started, ended in done:
+        by_session.setdefault(session_id, []).append((started, ended))
+    gaps = []
+    for calls in by_session.values():
+        calls.sort()
+        gaps += [(nxt[0] - prev[1]).total_seconds() for prev, nxt in zip(calls, calls[1:], strict=False)]
+    if not gaps:
+        return {"step_gap_p50_s": None, "step_gap_p95_s": None}
+    return {"step_gap_p50_s": percentile(gaps, 0.50), "step_gap_p95_s": percentile(gaps, 0.95)}
 
 
 def wait_figures(prefix: str, waits: list[float]) -> dict:
@@ -525,6 +549,7 @@ class Sampler:
         self.peak_rss_kib = 0
         self.cpu_s = 0.0  # user + system CPU of the processes while the block ran
         self.peak_connections: int | None = None
+        self.machine_busy: float | None = None  # share of all cores busy while the block ran
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
 
@@ -536,11 +561,16 @@ class Sampler:
             self._connection = psycopg.connect(self.database_url, autocommit=True)
             self.peak_connections = 0
         self._cpu_before = cpu_seconds(process_tree(self.pids))
+        self._machine_before = machine_ticks()
         self._thread.start()
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.cpu_s = cpu_seconds(process_tree(self.pids)) - self._cpu_before
+        busy, total = (
+            after - before for after, before in zip(machine_ticks(), self._machine_before, strict=True)
+        )
+        self.machine_busy = busy / total if total else None
         self._stop.set()
         self._thread.join()
         if self._connection is not None:
@@ -598,6 +628,13 @@ def process_tree(pids: list[int]) -> list[int]:
         tree.append(pid)
         todo += children.get(pid, [])
     return tree
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, all) CPU ticks of the whole machine so far, from /proc/stat."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
 
 
 def cpu_seconds(pids: list[int]) -> float:
