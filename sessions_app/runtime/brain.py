@@ -168,7 +168,20 @@ def release(session_id, token, *, keep_if_work: bool = True) -> bool:
 
     The check and the release share one transaction with the row lock, so an input committed
     at any moment is either seen here or finds the lease free and enqueues its own runner.
+
+    Nearly always there is nothing left: then one conditional statement releases (four round
+    trips fewer per turn). It is as safe as the lock: `wake` flags `wake_requested` on the row
+    (which this statement re-reads if it waited for that write) or finds the lease already free
+    and dispatches a runner itself. Anything else (work, a flag, a lost lease) takes the lock.
     """
+    if keep_if_work:
+        released = (
+            Session.objects.filter(pk=session_id, runner_token=token, wake_requested=False)
+            .exclude(engine.pending_work())
+            .update(runner_token=None, runner_holder="", lease_expires_at=None)
+        )
+        if released:
+            return False
     with engine.locked_session(session_id, token) as session:
         if keep_if_work and (session.wake_requested or engine.has_pending_work(session)):
             Session.objects.filter(pk=session_id).update(wake_requested=False)

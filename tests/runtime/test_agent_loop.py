@@ -359,3 +359,62 @@ def test_a_message_sent_during_a_turns_last_call_is_taken_by_the_same_slice(sess
     assert RunnerSlice.objects.filter(session=session).count() == 1
     session.refresh_from_db()
     assert (session.status, session.runner_token) == ("idle", None)
+
+
+def test_a_release_with_nothing_left_is_one_statement_and_takes_no_lock(session):
+    """Per-turn overhead (issue #26): the common release (no input, no flag) is one conditional
+    UPDATE; anything that needs a look under the lock still gets one."""
+    token = brain.acquire(session.pk)
+    with CaptureQueriesContext(connection) as queries:
+        assert brain.release(session.pk, token) is False
+    sql = [q["sql"] for q in queries.captured_queries if not q["sql"].startswith(("BEGIN", "COMMIT"))]
+    assert len(sql) == 1 and sql[0].startswith('UPDATE "sessions_app_session"'), sql
+    session.refresh_from_db()
+    assert (session.runner_token, session.runner_holder, session.lease_expires_at) == (None, "", None)
+
+
+def test_a_release_keeps_the_lease_for_queued_work_and_clears_a_bare_wake_flag(session):
+    token = brain.acquire(session.pk)
+    message = send(session, "more work")
+    assert brain.release(session.pk, token) is True  # the runner goes on: the message waits for it
+    session.refresh_from_db()
+    assert session.runner_token == token
+    engine.consume_inputs([message], None)
+    brain.wake(session.pk)  # a flag and nothing behind it (the work was taken meanwhile)
+    assert brain.release(session.pk, token) is False
+    session.refresh_from_db()
+    assert (session.runner_token, session.wake_requested) == (None, False)
+
+
+def test_a_release_by_a_runner_that_lost_its_lease_changes_nothing(session):
+    lost = brain.acquire(session.pk)
+    brain.release(session.pk, lost)
+    current = brain.acquire(session.pk)
+    with pytest.raises(engine.LeaseLost):
+        brain.release(session.pk, lost)
+    session.refresh_from_db()
+    assert session.runner_token == current
+
+
+def test_pending_work_as_a_filter_says_what_has_pending_work_says(session, tenant_a, owner_a):
+    """The one-statement release decides in the database (`engine.pending_work`); the lock path
+    and the sweep's wakes use `has_pending_work`. Every case of the latter, both ways."""
+    token = brain.acquire(session.pk)
+    send(session, "start")
+    turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
+    cases = []
+    for status in ("running", "preparing", "queued", "waiting_approval", "idle", "compressing"):
+        for current_turn in (turn, None):
+            for kinds in ((), (InputKind.MESSAGE,), (InputKind.INTERRUPT,), (InputKind.APPROVAL_DECISION,)):
+                cases.append((status, current_turn, kinds))
+    answers = set()
+    for status, current_turn, kinds in cases:
+        other = new_session(tenant_a, owner_a)
+        other.status, other.current_turn = status, current_turn
+        other.save(update_fields=["status", "current_turn"])
+        for kind in kinds:
+            send(other, "queued", kind=kind)
+        in_database = type(other).objects.filter(pk=other.pk).filter(engine.pending_work()).exists()
+        assert in_database == engine.has_pending_work(other), (status, current_turn, kinds)
+        answers.add(in_database)
+    assert answers == {True, False}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from ...choices import InputKind, InputStatus, SessionKind, SessionStatus
@@ -204,6 +205,26 @@ def has_pending_work(session: Session) -> bool:
     return queued_inputs(
         session.pk, [InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.SESSION_EVENT, InputKind.INTERRUPT]
     ).exists()
+
+
+def pending_work() -> Q:
+    """`has_pending_work` as a filter on Sessions, for a statement that must decide in the
+    database (the runner's one-statement release). The two say the same; a test holds them so."""
+
+    def queued(*kinds):
+        return Exists(
+            Input.objects.filter(session_id=OuterRef("pk"), status=InputStatus.QUEUED, kind__in=kinds)
+        )
+
+    return (
+        Q(
+            current_turn__isnull=False,
+            status__in=[SessionStatus.RUNNING, SessionStatus.PREPARING, SessionStatus.QUEUED],
+        )
+        | Q(current_turn__isnull=False) & queued(InputKind.INTERRUPT, InputKind.APPROVAL_DECISION)
+        | Q(current_turn__isnull=True)
+        & queued(InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.SESSION_EVENT, InputKind.INTERRUPT)
+    )
 
 
 def consume_inputs(inputs: list[Input], turn: Turn | None) -> None:
