@@ -24,7 +24,6 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals_app import actions as approval_actions
-from tenancy_app.models import Tenant
 
 from ..choices import InputKind, InputStatus, QueueReason, SessionStatus, TurnReason
 from ..models import Input, RunnerSlice, Session, Turn
@@ -110,37 +109,94 @@ def acquire(session_id) -> uuid.UUID | None:
     return claim(session_id)[0]
 
 
-def claim_within_tenant_limit(session_id, tenant_id) -> tuple[uuid.UUID | None, bool, bool, bool]:
-    """`claim`, unless the tenant already runs XAGENT_TENANT_MAX_RUNNING Sessions:
-    (token or None, taken over, refused for the tenant's limit, admitted over the limit only to
-    apply an interrupt).
+@dataclass(frozen=True)
+class Claim:
+    """What `claim_within_tenant_limit` found. `token` None: not this runner's (`over_limit`:
+    the tenant is full and the Session waits `queued`; otherwise another runner holds it)."""
 
-    The count and the claim hold the tenant's row lock, so two runners of one tenant starting at
-    once cannot both take its last place. A lease already held (another runner) is not counted
-    against the limit: that claim fails as it always did."""
-    with transaction.atomic():
-        # FOR NO KEY UPDATE: claimers of one tenant queue behind each other, but a runner's commit
-        # (its rows' foreign keys take KEY SHARE on the tenant while it holds its Session's row)
-        # never waits on it — with FOR UPDATE the two deadlocked. SQLite has no row locks (Django
-        # drops FOR UPDATE there) and needs none: its transaction (BEGIN IMMEDIATE, settings)
-        # already holds the database's one write lock, so the read is not sent.
-        if connection.features.has_select_for_update:
-            Tenant.objects.select_for_update(no_key=True).filter(pk=tenant_id).values_list(
-                "pk", flat=True
-            ).first()
-        now = timezone.now()
-        full = _running_in_tenant(tenant_id, besides=session_id) >= settings.XAGENT_TENANT_MAX_RUNNING
-        # An interrupt never waits behind the limit: stopping work frees a place.
-        if full and not engine.queued_inputs(session_id, [InputKind.INTERRUPT]).exists():
-            held = Session.objects.filter(
-                pk=session_id, runner_token__isnull=False, lease_expires_at__gte=now
-            ).update(wake_requested=True)
-            if not held:
-                # Waits again: a later free place may pick it (`wake_tenant_queue`).
-                Session.objects.filter(pk=session_id, runner_token__isnull=True).update(wake_requested=False)
-            return None, False, not held, False
-        token, took_over = claim(session_id)
-        return token, took_over, False, full
+    tenant_id: int
+    status: str
+    token: uuid.UUID | None = None
+    took_over: bool = False  # the lease lapsed without a release: a lost runner's work is left
+    over_limit: bool = False
+    interrupt_only: bool = False  # admitted over the tenant's limit only to apply an interrupt
+
+
+def claim_within_tenant_limit(session_id) -> Claim | None:
+    """`claim`, unless the tenant already runs XAGENT_TENANT_MAX_RUNNING Sessions. None: no such
+    Session.
+
+    Claim first, count after: each claim is committed before its count, so of claimers racing
+    for a tenant's last place the last to count sees all of them — none is admitted over the
+    limit. (Two may both see themselves over it and both step back; each then looks again once
+    it is `queued`, as `drive` does.) Two statements when all is well, no lock held between
+    them. A lease already held (another runner) is not counted: that claim fails as always."""
+    claimed = _claim_returning(session_id)
+    if claimed is None:
+        if not Session.objects.filter(pk=session_id).update(wake_requested=True):
+            return None
+        tenant_id, status = Session.objects.filter(pk=session_id).values_list("tenant_id", "status").get()
+        return Claim(tenant_id=tenant_id, status=status)
+    token, took_over, tenant_id, status = claimed
+    claim = Claim(tenant_id=tenant_id, status=status, token=token, took_over=took_over)
+    if _running_in_tenant(tenant_id) <= settings.XAGENT_TENANT_MAX_RUNNING:
+        return claim
+    # An interrupt never waits behind the limit: stopping work frees a place.
+    if engine.queued_inputs(session_id, [InputKind.INTERRUPT]).exists():
+        return dataclasses.replace(claim, interrupt_only=True)
+    # Step back. A lapsed lease stays lapsed (not freed), so the runner that gets the place
+    # still takes over and settles what the lost one left.
+    stepped_back = (
+        {"lease_expires_at": timezone.now()}
+        if took_over
+        else {"runner_token": None, "runner_holder": "", "lease_expires_at": None}
+    )
+    Session.objects.filter(pk=session_id, runner_token=token).update(wake_requested=False, **stepped_back)
+    return Claim(tenant_id=tenant_id, status=status, over_limit=True)
+
+
+def _claim_returning(session_id) -> tuple[uuid.UUID, bool, int, str] | None:
+    """`claim`'s compare-and-set, returning what the runner needs of the row in the same
+    statement: (token, took over, tenant id, status), or None when another runner holds it."""
+    token = uuid.uuid4()
+    now = timezone.now()
+    field = Session._meta.get_field
+    values = [
+        field("runner_token").get_db_prep_value(token, connection),
+        presence.holder_id(),
+        field("lease_expires_at").get_db_prep_value(now + engine.lease_duration(), connection),
+        False,
+        field("id").get_db_prep_value(session_id, connection),
+    ]
+    table = connection.ops.quote_name(Session._meta.db_table)
+    token_, holder, expires, wake_, id_, tenant, status = (
+        connection.ops.quote_name(field(name).column)
+        for name in (
+            "runner_token",
+            "runner_holder",
+            "lease_expires_at",
+            "wake_requested",
+            "id",
+            "tenant",
+            "status",
+        )
+    )
+    with connection.cursor() as cursor:
+        for condition, extra, took_over in (
+            (f"{token_} IS NULL", [], False),
+            (f"{expires} < %s", [field("lease_expires_at").get_db_prep_value(now, connection)], True),
+        ):
+            # Django's update() returns a count only; RETURNING (PostgreSQL, SQLite ≥ 3.35) saves
+            # the read of the tenant and status that every slice starts with.
+            cursor.execute(
+                f"UPDATE {table} SET {token_} = %s, {holder} = %s, {expires} = %s, {wake_} = %s"
+                f" WHERE {id_} = %s AND {condition} RETURNING {tenant}, {status}",
+                values + extra,
+            )
+            row = cursor.fetchone()
+            if row is not None:
+                return token, took_over, row[0], row[1]
+    return None
 
 
 def claim(session_id) -> tuple[uuid.UUID | None, bool]:
@@ -208,13 +264,13 @@ class Progress:
 
 def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = SLICE_MAX_SECONDS) -> str:
     """One bounded slice of work for one Session. Returns what happened (for logs and tests)."""
-    row = Session.objects.filter(pk=session_id).values_list("tenant_id", "status").first()
-    if row is None:
-        return "gone"
-    tenant_id, status = row
     presence.ensure_started()  # this process now holds leases: others must be able to see it alive
-    token, took_over, over_limit, interrupt_only = claim_within_tenant_limit(session_id, tenant_id)
-    if over_limit:
+    claim = claim_within_tenant_limit(session_id)
+    if claim is None:
+        return "gone"
+    tenant_id, status, token, took_over = claim.tenant_id, claim.status, claim.token, claim.took_over
+    interrupt_only = claim.interrupt_only
+    if claim.over_limit:
         # Waits as `queued` (with the reason) until one of the tenant's runners is done. One that
         # finished while this was being written could not see it: look once more.
         engine.queue_for_runner(session_id, QueueReason.TENANT_LIMIT)

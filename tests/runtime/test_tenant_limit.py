@@ -10,9 +10,11 @@ scripted server. The same limit on a real worker: tests/integration/test_tenant_
 """
 
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from sessions_app.models import Input, RunnerSlice, Session, SessionEvent, Turn
 from sessions_app.runtime import brain, engine, presence
@@ -251,3 +253,58 @@ def test_a_session_let_in_over_the_limit_for_an_interrupt_does_not_start_its_nex
     assert waiting.current_turn_id is None
     assert Input.objects.filter(session=waiting, kind="message", status="queued").count() == 1
     assert not model_server.requests_for("agent")
+
+
+def test_claims_racing_for_the_last_places_never_admit_more_than_the_limit(
+    tenant_a, owner_a, model_config_a, settings, woken
+):
+    """Claim first, count after (no tenant lock): of claimers racing at once the last to count
+    sees them all, so the tenant never runs more than its limit; the ones that stepped back hold
+    no lease and lose nothing."""
+    settings.XAGENT_TENANT_MAX_RUNNING = 2
+    sessions = [new_session(tenant_a, owner_a, title=f"racer {n}") for n in range(8)]
+    for session in sessions:
+        send(session, "work")
+    start, claims = threading.Barrier(len(sessions)), {}
+
+    def claim(session):
+        try:
+            start.wait(timeout=10)
+            claims[session.pk] = brain.claim_within_tenant_limit(session.pk)
+        finally:
+            connection.close()
+
+    racers = [threading.Thread(target=claim, args=(s,)) for s in sessions]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(timeout=30)
+
+    admitted = {pk for pk, found in claims.items() if found.token is not None}
+    assert len(claims) == len(sessions) and 1 <= len(admitted) <= 2, claims
+    assert all(found.over_limit for pk, found in claims.items() if pk not in admitted)
+    leased = set(Session.objects.filter(runner_token__isnull=False).values_list("pk", flat=True))
+    assert leased == admitted
+    assert Input.objects.filter(status="queued").count() == len(sessions)
+
+
+def test_a_lapsed_lease_stays_lapsed_when_its_claimer_steps_back_for_the_limit(
+    tenant_a, owner_a, model_config_a, woken
+):
+    """A runner that finds the tenant full after taking over a lost runner's lease leaves it
+    lapsed (not free): the runner that gets the place still takes over and settles what the lost
+    one left."""
+    holder, lost = new_session(tenant_a, owner_a, title="holder"), new_session(tenant_a, owner_a)
+    brain.acquire(holder.pk)
+    send(lost, "work")
+    brain.acquire(lost.pk)
+    Session.objects.filter(pk=lost.pk).update(lease_expires_at=timezone.now() - timedelta(minutes=5))
+
+    found = brain.claim_within_tenant_limit(lost.pk)
+    assert (found.token, found.over_limit) == (None, True)
+    lost.refresh_from_db()
+    assert lost.runner_token is not None and lost.lease_expires_at <= timezone.now()
+
+    Session.objects.filter(pk=holder.pk).update(runner_token=None, lease_expires_at=None)
+    again = brain.claim_within_tenant_limit(lost.pk)
+    assert again.token is not None and again.took_over is True
