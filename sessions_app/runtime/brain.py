@@ -411,7 +411,7 @@ def _advance(agent: AgentService) -> Progress:
     # A turn that ended may move what sits above the engine (a goal run's next round, a parent's
     # report): applied before the queue is looked at.
     followups.apply_pending(session_id, token)
-    boundary = engine.take_boundary(session_id, token, on_parked=approvals.cancel_waiting)
+    boundary = engine.take_boundary(session_id, token, on_parked=approvals.cancel_waiting, start_next=True)
     if boundary.interrupted:
         agent.interrupted()
         return Progress(consumed=boundary.consumed)
@@ -439,10 +439,10 @@ def _advance(agent: AgentService) -> Progress:
             return dataclasses.replace(_step(agent), consumed=boundary.consumed)
         except engine.StaleSlice:
             return Progress(consumed=boundary.consumed, again=True)
-    if boundary.next_input is None:
+    turn = boundary.started
+    if turn is None:
         # Anything else still queued (e.g. a decision for a future approval) stays for its owner.
         return Progress()
-    turn = engine.start_turn(session_id, token, boundary.next_input)
     if turn.session_status != SessionStatus.RUNNING:
         return Progress(consumed=1)  # the outer loop understands the task first
     # The first step follows at once, without another boundary: whatever one would find (an

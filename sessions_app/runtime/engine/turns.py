@@ -88,32 +88,36 @@ def start_turn(session_id, token, input: Input) -> Turn:
     that status as `session_status` and its input as `started_by`: what the runner would
     otherwise read back before the first step (`SliceContext.refresh`)."""
     with locked_session(session_id, token) as session:
-        number = (
-            Turn.objects.filter(session=session).order_by("-number").values_list("number", flat=True).first()
-            or 0
-        ) + 1
-        turn = Turn.objects.create(tenant_id=session.tenant_id, session=session, number=number)
-        consume_inputs([input], turn)
-        request = append_message(session, turn.pk, Role.USER, input_text(input), input=input)
-        understands = needs_understanding(session, input)
-        if not understands and not session.phase_goal and input.kind == InputKind.MESSAGE:
-            # A MainSession skips task understanding: its first task sets the goals.
-            session.phase_goal = str(input.payload.get("text", ""))[:2000]
-            if not session.session_goal:
-                session.session_goal = session.phase_goal
-            update_session(session, phase_goal=session.phase_goal, session_goal=session.session_goal)
-        session.current_turn = turn
-        update_session(session, current_turn=turn)
-        emit(session, "turn.started", {"turn_id": turn.pk})
-        user_id = memory_user_id(session, [input.created_by_id])
-        if input.kind == InputKind.MESSAGE and user_id is not None:
-            _recall_memories(session, turn, request, user_id)
-        if understands:
-            # The outer loop (Brain) understands the task before the first step.
-            set_status(session, SessionStatus.PREPARING, "understanding the task")
-        else:
-            set_status(session, SessionStatus.RUNNING)
-        turn.session_status, turn.started_by = session.status, input
+        return _begin_turn(session, input)
+
+
+def _begin_turn(session: Session, input: Input) -> Turn:
+    """`start_turn`, the caller holding the lock."""
+    number = (
+        Turn.objects.filter(session=session).order_by("-number").values_list("number", flat=True).first() or 0
+    ) + 1
+    turn = Turn.objects.create(tenant_id=session.tenant_id, session=session, number=number)
+    consume_inputs([input], turn)
+    request = append_message(session, turn.pk, Role.USER, input_text(input), input=input)
+    understands = needs_understanding(session, input)
+    if not understands and not session.phase_goal and input.kind == InputKind.MESSAGE:
+        # A MainSession skips task understanding: its first task sets the goals.
+        session.phase_goal = str(input.payload.get("text", ""))[:2000]
+        if not session.session_goal:
+            session.session_goal = session.phase_goal
+        update_session(session, phase_goal=session.phase_goal, session_goal=session.session_goal)
+    session.current_turn = turn
+    update_session(session, current_turn=turn)
+    emit(session, "turn.started", {"turn_id": turn.pk})
+    user_id = memory_user_id(session, [input.created_by_id])
+    if input.kind == InputKind.MESSAGE and user_id is not None:
+        _recall_memories(session, turn, request, user_id)
+    if understands:
+        # The outer loop (Brain) understands the task before the first step.
+        set_status(session, SessionStatus.PREPARING, "understanding the task")
+    else:
+        set_status(session, SessionStatus.RUNNING)
+    turn.session_status, turn.started_by = session.status, input
     return turn
 
 
@@ -292,14 +296,17 @@ class Boundary:
     turn_id: int | None = None  # the open turn
     status: str = ""
     next_input: Input | None = None  # no turn is open: the message that starts the next one
+    started: Turn | None = None  # `start_next`: the turn `next_input` began (as `start_turn`)
 
 
-def take_boundary(session_id, token, on_parked=None) -> Boundary:
+def take_boundary(session_id, token, on_parked=None, *, start_next: bool = False) -> Boundary:
     """At a step boundary, in one transaction holding the Session: clear the wake flag and read
     the queue once (an input committed later either flags the next step's opening commit or is
     seen when the runner releases). Interrupts end the open turn `aborted` — `on_parked(session)`
     first closes what a parked turn waits on (a pending approval); guidance joins the running
-    turn as user messages stored as the person wrote them (the request frames them)."""
+    turn as user messages stored as the person wrote them (the request frames them).
+    `start_next`: when no turn is open, the next message starts one in the same transaction
+    (what `start_turn` does, without a second lock of the row)."""
     with locked_session(session_id, token) as session:
         if session.wake_requested:
             Session.objects.filter(pk=session.pk).update(wake_requested=False)
@@ -326,6 +333,8 @@ def take_boundary(session_id, token, on_parked=None) -> Boundary:
         boundary = Boundary(turn_id=session.current_turn_id, status=session.status)
         if session.current_turn_id is None:
             boundary.next_input = next((i for i in queued if i.kind in TURN_STARTING_KINDS), None)
+            if start_next and boundary.next_input is not None:
+                boundary.started = _begin_turn(session, boundary.next_input)
         elif session.status in ACTIVE_STATUSES:
             guidance = [i for i in queued if i.kind == InputKind.GUIDANCE]
             # Guidance waits while calls left by recovery are still to run: a user message must
