@@ -24,6 +24,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals_app import actions as approval_actions
+from config.dbconn import hand_back_connections
 
 from ..choices import InputKind, InputStatus, QueueReason, SessionStatus, TurnReason
 from ..models import Input, RunnerSlice, Session, Turn
@@ -662,4 +663,6 @@ def _sweep_forever() -> None:
             recover_stale_sessions()
         except Exception:
             logger.warning("recovery sweep failed", exc_info=True)
+        # Not held through the sleep: the process's pooled connections serve its runners.
+        hand_back_connections()
         time.sleep(interval)

@@ -107,6 +107,10 @@ def ensure_started() -> None:
             beat()
         except Exception:
             logger.warning("first presence beat failed; the beat thread retries", exc_info=True)
+        # The caller may be a thread that never hands a connection back by itself (a Celery
+        # worker's main thread, at `worker_ready`): one of the process's few pooled connections
+        # would stay taken for the life of the process.
+        hand_back_connections()
         stop = threading.Event()
         thread = threading.Thread(
             target=_beat_forever, args=(stop, interval), name="xagent-presence", daemon=True

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 
 import pytest
@@ -103,6 +104,32 @@ class TestGoneHolders:
         finally:
             presence.stop_presence()
         assert not WorkerPresence.objects.exists()
+
+    def test_the_first_beat_gives_its_pooled_connection_back(self, transactional_db, settings):
+        """A Celery worker's main thread writes the first beat (`worker_ready`) and never ends a
+        task, so nothing else returns its connection: it held one of the process's two pooled
+        connections for good, and at 1,000 Sessions the runners starved on the other one."""
+        from django.db import connection
+
+        if not connection.settings_dict.get("OPTIONS", {}).get("pool"):
+            pytest.skip("connections are pooled on PostgreSQL only")
+        settings.XAGENT_PRESENCE_BEAT_SECONDS = 3600
+        held_after = []
+
+        def worker_main_thread():
+            from django.db import connection as this_threads
+
+            presence.ensure_started()
+            held_after.append(this_threads.connection is not None)
+
+        thread = threading.Thread(target=worker_main_thread)
+        try:
+            thread.start()
+            thread.join(timeout=30)
+            assert held_after == [False]
+            assert presence.gone_holders({presence.holder_id()}) == set()  # the row was written
+        finally:
+            presence.stop_presence()
 
     def test_rows_of_processes_gone_for_long_are_pruned(self, db):
         _row("elsewhere/1:7:old0", seen_ago=presence.FORGET_AFTER.total_seconds() + 60)
