@@ -625,6 +625,10 @@ def _wake_queued_within_limits() -> int:
             status=SessionStatus.QUEUED, runner_token__isnull=True, archived_at__isnull=True
         )
         .values_list("tenant_id", flat=True)
+        # Without clearing Session's default ordering, DISTINCT also takes `created_at`: one row
+        # per queued Session, and each one woke the tenant's free places again (at N = 1,000 in
+        # `make bench`, ~2,500 duplicate drive tasks from one sweep, all finding the lease held).
+        .order_by()
         .distinct()
     )
     woken = 0

@@ -308,3 +308,22 @@ def test_a_lapsed_lease_stays_lapsed_when_its_claimer_steps_back_for_the_limit(
     Session.objects.filter(pk=holder.pk).update(runner_token=None, lease_expires_at=None)
     again = brain.claim_within_tenant_limit(lost.pk)
     assert again.token is not None and again.took_over is True
+
+
+def test_the_sweep_wakes_each_tenant_once_however_many_sessions_wait(
+    tenant_a, owner_a, model_config_a, settings, woken
+):
+    """Issue #26: the safety net looked at each waiting Session's tenant once per Session, so
+    one sweep woke a big tenant's free places once for every Session in its queue."""
+    presence.beat()
+    waiting = [new_session(tenant_a, owner_a, title=f"waiting {n}") for n in range(5)]
+    holder = new_session(tenant_a, owner_a, title="holder")
+    token = brain.acquire(holder.pk)
+    for session in waiting:
+        send(session, "queued work")
+        assert brain.drive(session.pk) == "queued"
+    brain.release(holder.pk, token)
+    settings.XAGENT_TENANT_MAX_RUNNING = 2  # two free places, five waiting
+
+    assert brain.recover_stale_sessions() == 2
+    assert woken == [s.pk for s in waiting[:2]]
