@@ -203,21 +203,12 @@ def _claim_returning(session_id) -> tuple[uuid.UUID, bool, int, str] | None:
 def claim(session_id) -> tuple[uuid.UUID | None, bool]:
     """Claim the runner lease: (token or None, whether it was taken over from a lost runner —
     a lease that lapsed without being released, which is when calls can be left unanswered)."""
-    token = uuid.uuid4()
-    now = timezone.now()
-    fields = {
-        "runner_token": token,
-        "runner_holder": presence.holder_id(),
-        "lease_expires_at": now + engine.lease_duration(),
-        "wake_requested": False,
-    }
-    sessions = Session.objects.filter(pk=session_id)
-    if sessions.filter(runner_token__isnull=True).update(**fields):
-        return token, False
-    if sessions.filter(lease_expires_at__lt=now).update(**fields):
-        return token, True
-    sessions.update(wake_requested=True)
-    return None, False
+    claimed = _claim_returning(session_id)
+    if claimed is None:
+        Session.objects.filter(pk=session_id).update(wake_requested=True)
+        return None, False
+    token, took_over, _, _ = claimed
+    return token, took_over
 
 
 def release(session_id, token, *, keep_if_work: bool = True) -> bool:
@@ -359,15 +350,11 @@ def _has_work(session_id) -> bool:
     return session is not None and engine.has_pending_work(session)
 
 
-def _running_in_tenant(tenant_id, *, besides=None) -> int:
-    """Sessions of the tenant whose runner holds a live lease (`besides`: not counting that one)."""
-    return (
-        Session.objects.filter(
-            tenant_id=tenant_id, runner_token__isnull=False, lease_expires_at__gte=timezone.now()
-        )
-        .exclude(pk=besides)
-        .count()
-    )
+def _running_in_tenant(tenant_id) -> int:
+    """Sessions of the tenant whose runner holds a live lease."""
+    return Session.objects.filter(
+        tenant_id=tenant_id, runner_token__isnull=False, lease_expires_at__gte=timezone.now()
+    ).count()
 
 
 def wake_tenant_queue(tenant_id, *, limit: int = 1, again: bool = False) -> int:
