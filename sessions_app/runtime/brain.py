@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from approvals_app import actions as approval_actions
 from config.dbconn import hand_back_connections
+from tenancy_app.models import Tenant
 
 from ..choices import InputKind, InputStatus, QueueReason, SessionStatus, TurnReason
 from ..models import Input, RunnerSlice, Session, Turn
@@ -129,9 +130,13 @@ def claim_within_tenant_limit(session_id) -> Claim | None:
 
     Claim first, count after: each claim is committed before its count, so of claimers racing
     for a tenant's last place the last to count sees all of them — none is admitted over the
-    limit. (Two may both see themselves over it and both step back; each then looks again once
-    it is `queued`, as `drive` does.) Two statements when all is well, no lock held between
-    them. A lease already held (another runner) is not counted: that claim fails as always."""
+    limit. Two statements when all is well, no lock held between them. A lease already held
+    (another runner) is not counted: that claim fails as always.
+
+    Racers can also all count each other and all find the tenant full; stepping back then
+    would leave every one of them queued with places free. So one over the limit decides
+    again under the tenant's row lock (`_decide_over_limit`), one at a time: the last of them
+    to decide counts only the Sessions really admitted, and takes a free place."""
     claimed = _claim_returning(session_id)
     if claimed is None:
         if not Session.objects.filter(pk=session_id).update(wake_requested=True):
@@ -142,18 +147,41 @@ def claim_within_tenant_limit(session_id) -> Claim | None:
     claim = Claim(tenant_id=tenant_id, status=status, token=token, took_over=took_over)
     if _running_in_tenant(tenant_id) <= settings.XAGENT_TENANT_MAX_RUNNING:
         return claim
-    # An interrupt never waits behind the limit: stopping work frees a place.
-    if engine.queued_inputs(session_id, [InputKind.INTERRUPT]).exists():
-        return dataclasses.replace(claim, interrupt_only=True)
-    # Step back. A lapsed lease stays lapsed (not freed), so the runner that gets the place
-    # still takes over and settles what the lost one left.
-    stepped_back = (
-        {"lease_expires_at": timezone.now()}
-        if took_over
-        else {"runner_token": None, "runner_holder": "", "lease_expires_at": None}
-    )
-    Session.objects.filter(pk=session_id, runner_token=token).update(wake_requested=False, **stepped_back)
-    return Claim(tenant_id=tenant_id, status=status, over_limit=True)
+    return _decide_over_limit(session_id, claim)
+
+
+def _decide_over_limit(session_id, claim: Claim) -> Claim:
+    """A claim that counted the tenant over its limit: count again and step back if still so,
+    one claimer of the tenant at a time.
+
+    Each decision here counts what the ones before it left (its statement starts after the lock
+    is granted and they committed), so of racers that all counted each other the last to decide
+    sees only the admitted ones and itself. No one is admitted over the limit either way: every
+    admission counts after its own claim committed (see `claim_within_tenant_limit`)."""
+    with transaction.atomic():
+        # FOR NO KEY UPDATE: a runner's commit (its rows' foreign keys take KEY SHARE on the
+        # tenant) never waits on it. SQLite has no row locks and needs none: its transaction
+        # (BEGIN IMMEDIATE, settings) already holds the database's one write lock.
+        if connection.features.has_select_for_update:
+            Tenant.objects.select_for_update(no_key=True).filter(pk=claim.tenant_id).values_list(
+                "pk", flat=True
+            ).first()
+        if _running_in_tenant(claim.tenant_id) <= settings.XAGENT_TENANT_MAX_RUNNING:
+            return claim
+        # An interrupt never waits behind the limit: stopping work frees a place.
+        if engine.queued_inputs(session_id, [InputKind.INTERRUPT]).exists():
+            return dataclasses.replace(claim, interrupt_only=True)
+        # Step back. A lapsed lease stays lapsed (not freed), so the runner that gets the place
+        # still takes over and settles what the lost one left.
+        stepped_back = (
+            {"lease_expires_at": timezone.now()}
+            if claim.took_over
+            else {"runner_token": None, "runner_holder": "", "lease_expires_at": None}
+        )
+        Session.objects.filter(pk=session_id, runner_token=claim.token).update(
+            wake_requested=False, **stepped_back
+        )
+    return Claim(tenant_id=claim.tenant_id, status=claim.status, over_limit=True)
 
 
 def _claim_returning(session_id) -> tuple[uuid.UUID, bool, int, str] | None:

@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from config.dbconn import hand_back_connections
 from sessions_app.models import Input, RunnerSlice, Session, SessionEvent, Turn
 from sessions_app.runtime import brain, engine, presence
 from tests.support.model_server import text_reply
@@ -282,6 +283,51 @@ def test_claims_racing_for_the_last_places_never_admit_more_than_the_limit(
 
     admitted = {pk for pk, found in claims.items() if found.token is not None}
     assert len(claims) == len(sessions) and 1 <= len(admitted) <= 2, claims
+    assert all(found.over_limit for pk, found in claims.items() if pk not in admitted)
+    leased = set(Session.objects.filter(runner_token__isnull=False).values_list("pk", flat=True))
+    assert leased == admitted
+    assert Input.objects.filter(status="queued").count() == len(sessions)
+
+
+def test_claimers_that_all_count_each_other_over_the_limit_still_fill_its_places(
+    tenant_a, owner_a, model_config_a, settings, woken, monkeypatch
+):
+    """CI caught the race above leaving no one admitted: all eight had claimed before any
+    counted, so each counted eight and stepped back, and the tenant's places stayed empty. Here
+    every first count waits until all have claimed, so that interleaving happens each time: the
+    ones over the limit decide again one at a time, and the last two take the two places."""
+    settings.XAGENT_TENANT_MAX_RUNNING = 2
+    sessions = [new_session(tenant_a, owner_a, title=f"racer {n}") for n in range(8)]
+    for session in sessions:
+        send(session, "work")
+    all_claimed, claims, counted = threading.Barrier(len(sessions)), {}, threading.local()
+    count = brain._running_in_tenant
+
+    def count_once_all_claimed(tenant_id):
+        if not getattr(counted, "before", False):
+            counted.before = True
+            # Eight threads parked on a barrier need not hold eight of the process's pooled
+            # connections (other tests' threads may hold some): give it back while waiting.
+            hand_back_connections()
+            all_claimed.wait(timeout=20)
+        return count(tenant_id)
+
+    monkeypatch.setattr(brain, "_running_in_tenant", count_once_all_claimed)
+
+    def claim(session):
+        try:
+            claims[session.pk] = brain.claim_within_tenant_limit(session.pk)
+        finally:
+            connection.close()
+
+    racers = [threading.Thread(target=claim, args=(s,)) for s in sessions]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(timeout=30)
+
+    admitted = {pk for pk, found in claims.items() if found.token is not None}
+    assert len(claims) == len(sessions) and len(admitted) == 2, claims
     assert all(found.over_limit for pk, found in claims.items() if pk not in admitted)
     leased = set(Session.objects.filter(runner_token__isnull=False).values_list("pk", flat=True))
     assert leased == admitted
