@@ -27,11 +27,26 @@ def stack(tmp_path_factory):
         yield served
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    # The call's report on the test, so a fixture's teardown can tell a failed test (`page`).
+    report = yield
+    if report.when == "call":
+        item.call_report = report
+    return report
+
+
 @pytest.fixture
-def page(browser, stack):
-    """A watched page on the module's stack."""
+def page(browser, stack, request):
+    """A watched page on the module's stack. A test that fails prints the tail of the stack's log
+    (shown with the failure): what the server did is most of what there is to see of a flake."""
     with watched_page(browser, stack.base, stack.log) as page:
         yield page
+    report = getattr(request.node, "call_report", None)
+    if report is not None and report.failed:
+        print(
+            f"--- the stack's log, last 6000 characters ---\n{stack.log.read_text(errors='replace')[-6000:]}"
+        )
 
 
 @contextmanager
