@@ -598,7 +598,7 @@ def recover_stale_sessions() -> int:
             logger.warning("session %s: lease holder %s is gone; taking over", session_id, holder)
             expired.add(session_id)
 
-    def queued(*kinds):
+    def queued(kinds):
         return Input.objects.filter(status=InputStatus.QUEUED, kind__in=kinds).values("session_id")
 
     stale = (
@@ -610,18 +610,10 @@ def recover_stale_sessions() -> int:
             # (it then fails): woken otherwise, a runner would find nothing to do, every sweep.
             | Q(status=SessionStatus.COMPRESSING)
             & (Q(current_turn__isnull=True) | Q(runner_token__isnull=False))
-            | Q(
-                current_turn__isnull=True,
-                pk__in=queued(
-                    InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.SESSION_EVENT, InputKind.INTERRUPT
-                ),
-            )
+            | Q(current_turn__isnull=True, pk__in=queued(engine.WORK_WITHOUT_A_TURN))
             # (one waiting for its tenant's limit is woken below, as places free)
             & ~Q(status=SessionStatus.QUEUED)
-            | Q(
-                current_turn__isnull=False,
-                pk__in=queued(InputKind.INTERRUPT, InputKind.APPROVAL_DECISION),
-            )
+            | Q(current_turn__isnull=False, pk__in=queued(engine.WORK_FOR_A_PARKED_TURN))
             # A turn ended but what it moves above the engine was not applied (runner lost).
             | Q(pk__in=Turn.objects.filter(followups_pending=True).values("session_id"))
         )

@@ -81,6 +81,10 @@ from .history import (
 from .plan import file_changed, plan_create, plan_update, record_person_file_change
 from .recovery import Recovery, answer_open_calls, recover_lost_runner
 from .sessions import (
+    ADVANCING_STATUSES,
+    TURN_STARTING_KINDS,
+    WORK_FOR_A_PARKED_TURN,
+    WORK_WITHOUT_A_TURN,
     InvalidInput,
     add_selected_capabilities,
     archive_session,
@@ -100,7 +104,6 @@ from .sessions import (
 from .turns import (
     ACTIVE_STATUSES,
     STATUS_AFTER_TURN,
-    TURN_STARTING_KINDS,
     Boundary,
     TurnProgress,
     end_turn,
@@ -147,6 +150,9 @@ __all__ = [
     "INTERRUPTED_CALL_TEXT",
     "STATUS_AFTER_TURN",
     "TURN_STARTING_KINDS",
+    "ADVANCING_STATUSES",
+    "WORK_FOR_A_PARKED_TURN",
+    "WORK_WITHOUT_A_TURN",
     "AssembledRequest",
     "CompactionPlan",
     "Boundary",

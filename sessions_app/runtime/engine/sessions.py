@@ -14,6 +14,14 @@ from ...models import Input, Message, Session, SessionCapability, Turn
 from ..events import emit
 from .fencing import locked_session
 
+# What a runner has to do (`has_pending_work`, `pending_work`, the recovery sweep's look for a
+# Session left without one): with no turn open, an input that starts one or an interrupt; with
+# a turn open, the turn itself while it advances, or what moves it once it is parked for a human.
+TURN_STARTING_KINDS = (InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.SESSION_EVENT)
+WORK_WITHOUT_A_TURN = (*TURN_STARTING_KINDS, InputKind.INTERRUPT)
+WORK_FOR_A_PARKED_TURN = (InputKind.INTERRUPT, InputKind.APPROVAL_DECISION)
+ADVANCING_STATUSES = (SessionStatus.RUNNING, SessionStatus.PREPARING, SessionStatus.QUEUED)
+
 
 class InvalidInput(ValueError):
     pass
@@ -199,31 +207,25 @@ def has_pending_work(session: Session) -> bool:
     A turn parked for a human (waiting_approval) is not work: only an interrupt moves it.
     """
     if session.current_turn_id is not None:
-        if session.status in (SessionStatus.RUNNING, SessionStatus.PREPARING, SessionStatus.QUEUED):
+        if session.status in ADVANCING_STATUSES:
             return True
-        return queued_inputs(session.pk, [InputKind.INTERRUPT, InputKind.APPROVAL_DECISION]).exists()
-    return queued_inputs(
-        session.pk, [InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.SESSION_EVENT, InputKind.INTERRUPT]
-    ).exists()
+        return queued_inputs(session.pk, WORK_FOR_A_PARKED_TURN).exists()
+    return queued_inputs(session.pk, WORK_WITHOUT_A_TURN).exists()
 
 
 def pending_work() -> Q:
     """`has_pending_work` as a filter on Sessions, for a statement that must decide in the
     database (the runner's one-statement release). The two say the same; a test holds them so."""
 
-    def queued(*kinds):
+    def queued(kinds):
         return Exists(
             Input.objects.filter(session_id=OuterRef("pk"), status=InputStatus.QUEUED, kind__in=kinds)
         )
 
     return (
-        Q(
-            current_turn__isnull=False,
-            status__in=[SessionStatus.RUNNING, SessionStatus.PREPARING, SessionStatus.QUEUED],
-        )
-        | Q(current_turn__isnull=False) & queued(InputKind.INTERRUPT, InputKind.APPROVAL_DECISION)
-        | Q(current_turn__isnull=True)
-        & queued(InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.SESSION_EVENT, InputKind.INTERRUPT)
+        Q(current_turn__isnull=False, status__in=ADVANCING_STATUSES)
+        | Q(current_turn__isnull=False) & queued(WORK_FOR_A_PARKED_TURN)
+        | Q(current_turn__isnull=True) & queued(WORK_WITHOUT_A_TURN)
     )
 
 

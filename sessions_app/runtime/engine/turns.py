@@ -14,11 +14,10 @@ from ..events import emit, update_session
 from .elicitation import cancel_open_requests
 from .fencing import RunnerWriter, locked_session
 from .history import append_message, record_tool_result, unanswered_calls
-from .sessions import consume_inputs, queued_inputs, workspace_dir
+from .sessions import TURN_STARTING_KINDS, consume_inputs, queued_inputs, workspace_dir
 
 # Inputs that start a turn when none is open (other kinds wait for their owner). A session event
 # (a sub-Session's result) waits, like a message, until the open turn ends.
-TURN_STARTING_KINDS = (InputKind.MESSAGE, InputKind.GUIDANCE, InputKind.SESSION_EVENT)
 
 # Statuses of a turn at work: a Session in one of them with no open turn was left by a lost runner.
 ACTIVE_STATUSES = (SessionStatus.RUNNING, SessionStatus.PREPARING, SessionStatus.COMPRESSING)
