@@ -167,6 +167,14 @@ class TestProduction:
         assert "pool" not in s["options"]
         assert s["conn_health_checks"] is True
 
+    def test_statements_are_prepared_on_postgresql_unless_turned_off(self):
+        # A step's dozen statements are planned once per connection, not on every step.
+        prepared = load_settings(**production_env())["options"]
+        assert (prepared["server_side_binding"], prepared["prepare_threshold"]) == (True, 5)
+
+        pooler = load_settings(**production_env(), XAGENT_DB_PREPARED_STATEMENTS="false")["options"]
+        assert "server_side_binding" not in pooler and "prepare_threshold" not in pooler
+
     def test_persistent_connections_beside_a_pool_are_refused_by_name(self):
         result = run_python("-c", SHOW_SETTINGS, **production_env(), CONN_MAX_AGE="60")
 
