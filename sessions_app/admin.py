@@ -316,6 +316,7 @@ class MessageAdmin(ReadOnlyTenantScopedAdmin):
 class SessionEventAdmin(ReadOnlyTenantScopedAdmin):
     list_display = ["session", "seq", "type", "created_at"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "type"]
+    ordering = ["-id"]  # the newest first, across Sessions (the primary key: indexed)
 
 
 @admin.register(ModelCall)

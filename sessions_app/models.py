@@ -273,7 +273,9 @@ class SessionEvent(TenantOwnedModel):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["session", "seq"]
+        # `session_id`, not `session`: ordering by the relation takes the Session's own ordering,
+        # so every event query without an order_by joined the sessions table to sort by it.
+        ordering = ["session_id", "seq"]
         constraints = [models.UniqueConstraint(fields=["session", "seq"], name="unique_event_seq")]
 
     def as_dict(self) -> dict:
