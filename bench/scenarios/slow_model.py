@@ -276,6 +276,9 @@ def figures_for(backend: str, count: int, small: int, runs: list[dict], wanted: 
         # What one step costs the processes that run slices, in CPU: steadier than the wall figures
         # on a loaded machine, and what bounds them (their cores / this = steps per second).
         one("worker CPU per model call (step)", "worker_cpu_ms_per_call", "ms"),
+        # How evenly the processes shared that CPU: 50 % is even between two; more means one
+        # process's GIL was the bottleneck while the other had time to spare.
+        one("busiest worker process's share of that CPU", "busiest_worker_cpu_pct", "%"),
         # The whole machine (workers, database, Redis, this process and its stand-in model): near
         # 100 % the cores bound the figures above, well below it a wait does.
         one("machine CPU busy", "machine_busy_pct", "%"),
@@ -349,6 +352,7 @@ def measure(server, tenants: list[dict], big: int, small: int, embedded: bool, d
         "rss_idle_mib": idle_kib / 1024,
         "rss_peak_mib": sampler.peak_rss_kib / 1024,
         "worker_cpu_ms_per_call": 1000 * sampler.cpu_s / result["calls"] if result["calls"] else None,
+        "busiest_worker_cpu_pct": 100 * max(sampler.cpu_s_each) / sampler.cpu_s if sampler.cpu_s else None,
         "machine_busy_pct": 100 * sampler.machine_busy if sampler.machine_busy is not None else None,
         "rss_growth_mib": growth_kib / 1024,
         "peak_connections": sampler.peak_connections,
@@ -548,6 +552,7 @@ class Sampler:
         self.pids, self.database_url = pids, database_url
         self.peak_rss_kib = 0
         self.cpu_s = 0.0  # user + system CPU of the processes while the block ran
+        self.cpu_s_each: list[float] = []  # the same per process (and its children) of `pids`
         self.peak_connections: int | None = None
         self.machine_busy: float | None = None  # share of all cores busy while the block ran
         self._stop = threading.Event()
@@ -560,13 +565,17 @@ class Sampler:
 
             self._connection = psycopg.connect(self.database_url, autocommit=True)
             self.peak_connections = 0
-        self._cpu_before = cpu_seconds(process_tree(self.pids))
+        self._cpu_before_each = [cpu_seconds(process_tree([pid])) for pid in self.pids]
         self._machine_before = machine_ticks()
         self._thread.start()
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self.cpu_s = cpu_seconds(process_tree(self.pids)) - self._cpu_before
+        self.cpu_s_each = [
+            cpu_seconds(process_tree([pid])) - before
+            for pid, before in zip(self.pids, self._cpu_before_each, strict=True)
+        ]
+        self.cpu_s = sum(self.cpu_s_each)
         busy, total = (
             after - before for after, before in zip(machine_ticks(), self._machine_before, strict=True)
         )
