@@ -252,6 +252,27 @@ def test_queries_per_step_are_few_and_do_not_grow_with_history(session, model_se
     assert ModelCall.objects.filter(session=session).last().message_count == 599
 
 
+@pytest.mark.skipif(
+    not connection.settings_dict.get("OPTIONS", {}).get("pool"), reason="pooled connections (PostgreSQL) only"
+)
+def test_a_steps_commits_hand_the_connection_back_to_the_pool(session, model_server):
+    """Issue #26: a step's commits are each their own transaction, and its connection goes back
+    to the process's pool after each one, not when the thread next waits on its model: through
+    the tools and GIL waits between them it would hold one of the process's two connections."""
+    model_server.default("agent", lambda request: tool_reply([tool_call("fs_list", {})]))
+    send(session, "list")
+    token = brain.acquire(session.pk)
+    turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
+    agent = AgentService(session.pk, token)
+    agent.prepare(turn.pk)
+    try:
+        agent.step()  # opening commit, the answer's, the tool result's
+        assert connection.connection is None
+        assert Message.objects.filter(session=session, role="tool").count() == 1
+    finally:
+        agent.close()
+
+
 def test_starting_a_turn_writes_the_session_row_once(session):
     """Status, current turn and event seq of a turn's start join one UPDATE (per-turn overhead,
     issue #26)."""

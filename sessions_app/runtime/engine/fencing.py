@@ -21,6 +21,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from config.dbconn import hand_back_connections
 from tenancy_app.models import Tenant
 
 from ...models import Session
@@ -144,6 +145,11 @@ class RunnerWriter:
             events.discard_batch(stand_in)
             raise
         events.flush_batch(stand_in, write_seq=False, written=True)
+        # The commit was its own transaction: the connection goes back to the pool now, not when
+        # the step next waits on its model. Between a step's commits it runs its tools and waits
+        # for the GIL beside a hundred other Sessions; a connection held through that was what
+        # a busy process waited on (`make bench` slow_model, N = 200, 2 connections a process).
+        hand_back_connections()
 
     def _fence(self, stand_in: events.SessionRef, opens_step: bool, increments: dict[str, int]) -> bool:
         """Fence the commit; True when the fencing statement also wrote the pending events."""
