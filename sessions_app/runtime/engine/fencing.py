@@ -146,9 +146,10 @@ class RunnerWriter:
             raise
         events.flush_batch(stand_in, write_seq=False, written=True)
         # The commit was its own transaction: the connection goes back to the pool now, not when
-        # the step next waits on its model. Between a step's commits it runs its tools and waits
-        # for the GIL beside a hundred other Sessions; a connection held through that was what
-        # a busy process waited on (`make bench` slow_model, N = 200, 2 connections a process).
+        # the thread next waits (its tools, its model). From a tool result's commit to the next
+        # request the thread also assembles that request and waits for the GIL beside a hundred
+        # other Sessions; a connection held through that was what a busy process waited on
+        # (`make bench` slow_model, N = 200, with its 2 connections a process).
         hand_back_connections()
 
     def _fence(self, stand_in: events.SessionRef, opens_step: bool, increments: dict[str, int]) -> bool:
