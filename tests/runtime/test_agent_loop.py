@@ -222,16 +222,23 @@ def test_inputs_are_consumed_once_in_order_by_one_runner_at_a_time(session, mode
         assert earlier.ended_at <= later.started_at
 
 
-def test_queries_per_step_are_few_and_do_not_grow_with_history(session, model_server, settings):
-    """Issue #10: a step of a current slice is its three commits (begin, end, one per tool call)
-    and nothing else, the same at step 5 and step 300 (history is read once per slice)."""
-    settings.XAGENT_MAX_STEPS_PER_TURN = 1000
+def listing_agent(session, model_server, text: str) -> AgentService:
+    """A slice's agent, prepared on a turn begun by hand, whose model lists the workspace at every
+    step (the caller closes it)."""
     model_server.default("agent", lambda request: tool_reply([tool_call("fs_list", {})]))
-    send(session, "list forever")
+    send(session, text)
     token = brain.acquire(session.pk)
     turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
     agent = AgentService(session.pk, token)
     agent.prepare(turn.pk)
+    return agent
+
+
+def test_queries_per_step_are_few_and_do_not_grow_with_history(session, model_server, settings):
+    """Issue #10: a step of a current slice is its three commits (begin, end, one per tool call)
+    and nothing else, the same at step 5 and step 300 (history is read once per slice)."""
+    settings.XAGENT_MAX_STEPS_PER_TURN = 1000
+    agent = listing_agent(session, model_server, "list forever")
     counts, commits = {}, {}
     try:
         for step in range(1, 301):
@@ -259,12 +266,7 @@ def test_a_steps_commits_hand_the_connection_back_to_the_pool(session, model_ser
     """Issue #26: a step's commits are each their own transaction, and its connection goes back
     to the process's pool after each one, not when the thread next waits on its model: through
     the tools and GIL waits between them it would hold one of the process's two connections."""
-    model_server.default("agent", lambda request: tool_reply([tool_call("fs_list", {})]))
-    send(session, "list")
-    token = brain.acquire(session.pk)
-    turn = engine.start_turn(session.pk, token, engine.queued_inputs(session.pk).first())
-    agent = AgentService(session.pk, token)
-    agent.prepare(turn.pk)
+    agent = listing_agent(session, model_server, "list")
     try:
         agent.step()  # opening commit, the answer's, the tool result's
         assert connection.connection is None
