@@ -61,5 +61,10 @@ SCENARIOS = {
             "11. Slow model (1 s answers): N Sessions × 5 steps, waits overlapped",
             "slow_model",
         ),
+        Scenario(
+            "turns",
+            "12. Short turns: new Sessions × 5 steps, in-process, what a turn costs around its steps",
+            "short_turns",
+        ),
     )
 }
