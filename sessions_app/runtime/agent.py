@@ -500,6 +500,7 @@ class AgentService:
             detail,
             progress=context.progress,
             redactor=context.redactor,
+            turn=context.turn,
         )
         context.progress_saved = copy.deepcopy(context.progress)
         self.invalidate()

@@ -50,6 +50,7 @@ class SliceContext:
         self.history = engine.RequestHistory()
         self.session: Session | None = None
         self.turn_id: int | None = None
+        self.turn: Turn | None = None  # the turn as read when it became the slice's (for its delivery)
         self.goal_round: dict | None = None  # {"goal_run_id", "round"} while the turn is a round
         self.progress = engine.TurnProgress()
         self.progress_saved = engine.TurnProgress()
@@ -119,9 +120,11 @@ class SliceContext:
             self._read_configuration(session, tenant_version)
             self._configuration_key = key
         if turn_id != self.turn_id or not self.writer.current:
-            turn = started or Turn.objects.only("steps", "guard_state", "recalled_memory_ids").get(pk=turn_id)
+            turn = started or Turn.objects.only(
+                "tenant_id", "session_id", "steps", "guard_state", "recalled_memory_ids", "started_at"
+            ).get(pk=turn_id)
             authors = {started.started_by.created_by_id} if started else engine.turn_author_ids(turn_id)
-            self.turn_id = turn_id
+            self.turn_id, self.turn = turn_id, turn
             self.progress = engine.TurnProgress(turn.steps, dict(turn.guard_state))
             self.progress_saved = engine.TurnProgress(turn.steps, dict(turn.guard_state))
             self.memory_user_id = engine.memory_user_id(session, authors)

@@ -14,6 +14,7 @@ from ..events import emit, update_session
 from .elicitation import cancel_open_requests
 from .fencing import RunnerWriter, locked_session
 from .history import append_message, record_tool_result, unanswered_calls
+from .rows import insert_row, update_row
 from .sessions import TURN_STARTING_KINDS, consume_inputs, queued_inputs, workspace_dir
 
 # Inputs that start a turn when none is open (other kinds wait for their owner). A session event
@@ -190,7 +191,8 @@ def end_turn(session: Session, turn: Turn, reason: str, detail: str = "", *, als
         session.parent_id is not None
         or GoalRun.objects.filter(session_id=session.pk, status__in=GoalRun.OPEN_STATUSES).exists()
     )
-    turn.save(update_fields=["reason", "reason_detail", "ended_at", "followups_pending", *also_save])
+    written = ("reason", "reason_detail", "ended_at", "followups_pending", *also_save)
+    update_row(Turn, turn.pk, **{name: getattr(turn, name) for name in written})
     session.current_turn = None
     update_session(session, current_turn=None)
     emit(
@@ -220,28 +222,31 @@ def finish_turn(
     *,
     progress: TurnProgress | None = None,
     redactor=None,
+    turn: Turn | None = None,
 ) -> bool:
     """End the runner's turn (with its last step count and loop-guard memory). A `completed`
     turn gets its delivery record in the same commit, announced before `turn.ended` so a client
     that stops at the turn's end has seen it; `redactor`: the slice's, if it has one (else the
-    tenant's secrets are read). Returns whether the end has follow-ups for Brain to apply
+    tenant's secrets are read); `turn`: the slice's copy of the turn (its tenant, Session and
+    start), else it is read. Returns whether the end has follow-ups for Brain to apply
     (`end_turn`); True, to be safe, when the turn had already ended."""
     facts = None
     if reason == TurnReason.COMPLETED:
-        turn = Turn.objects.get(pk=turn_id)
-        if turn.ended_at is None:
-            # Reading and parsing the files happens before the lock is taken.
-            facts = deliveries.gather(turn, workspace_dir(turn.tenant_id, session_id), redactor)
+        turn = turn if turn is not None and turn.pk == turn_id else Turn.objects.get(pk=turn_id)
+        # Reading and parsing the files happens before the lock is taken (a turn that ended
+        # meanwhile wastes the reading, nothing else: it is looked at under the lock).
+        facts = deliveries.gather(turn, workspace_dir(turn.tenant_id, session_id), redactor)
     with locked_session(session_id, token) as session:
-        turn = Turn.objects.get(pk=turn_id)
-        if turn.ended_at is not None:
+        # Only `end_turn` ends a turn, and it clears the Session's current turn in the same commit.
+        if session.current_turn_id != turn_id:
             return True
+        ending = Turn(pk=turn_id, tenant_id=session.tenant_id, session_id=session.pk)
         if facts is not None:
-            _record_delivery(session, turn, facts)
+            _record_delivery(session, ending, facts)
         progressed = ["steps", "guard_state"] if progress is not None else []
         if progress is not None:
-            turn.steps, turn.guard_state = progress.steps, progress.guard_state
-        return end_turn(session, turn, reason, detail, also_save=progressed)
+            ending.steps, ending.guard_state = progress.steps, progress.guard_state
+        return end_turn(session, ending, reason, detail, also_save=progressed)
 
 
 @dataclass
@@ -262,15 +267,17 @@ def save_progress(writer: RunnerWriter, turn_id: int, progress: TurnProgress) ->
 
 
 def _record_delivery(session: Session, turn: Turn, facts: deliveries.DeliveryFacts) -> Delivery:
-    delivery = Delivery.objects.create(
-        tenant_id=session.tenant_id,
-        session=session,
-        turn=turn,
-        final_answer=facts.final_answer,
-        files=facts.files,
-        checks=facts.checks,
-        unresolved_failures=facts.unresolved_failures,
-        decisions=facts.decisions,
+    delivery = insert_row(
+        Delivery(
+            tenant_id=session.tenant_id,
+            session=session,
+            turn=turn,
+            final_answer=facts.final_answer,
+            files=facts.files,
+            checks=facts.checks,
+            unresolved_failures=facts.unresolved_failures,
+            decisions=facts.decisions,
+        )
     )
     emit(
         session,
