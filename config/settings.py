@@ -341,6 +341,8 @@ XAGENT_STEP_TIME_LIMIT = _positive_int("XAGENT_STEP_TIME_LIMIT", 900)
 # Running Sessions per tenant at once; the tenant's other Sessions wait as `queued` (reason
 # `tenant_limit`) until one of its runners is done, so one tenant cannot take every thread.
 XAGENT_TENANT_MAX_RUNNING = _positive_int("XAGENT_TENANT_MAX_RUNNING", 200)
+# The currency ModelConfig prices are in and usage costs are reported in (`/usage/`).
+XAGENT_USAGE_CURRENCY = env.str("XAGENT_USAGE_CURRENCY", default="USD")
 XAGENT_EMBEDDED_WORKER_THREADS = _positive_int("XAGENT_EMBEDDED_WORKER_THREADS", 100)
 
 # --- auth, i18n, static -------------------------------------------------------------------

@@ -59,6 +59,9 @@ class ModelConfigForm(forms.ModelForm):
             "context_window",
             "max_output_tokens",
             "temperature",
+            "input_price",
+            "cached_input_price",
+            "output_price",
             "is_default",
         ]
 
@@ -76,6 +79,12 @@ class ModelConfigForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
+        for name in ("input_price", "cached_input_price", "output_price"):
+            if (cleaned.get(name) or 0) < 0:
+                self.add_error(name, "must not be negative.")
+        if (cleaned.get("input_price") is None) != (cleaned.get("output_price") is None):
+            # Half a price would price half of every call: calls are priced with both or neither.
+            self.add_error("output_price", "set both the input and the output price, or neither.")
         window, output = cleaned.get("context_window"), cleaned.get("max_output_tokens")
         if window is None or output is None:
             return cleaned  # the field's own error says what is missing
@@ -108,6 +117,8 @@ class ModelConfigAdmin(TenantScopedAdmin):
         "base_url",
         "context_window",
         "max_output_tokens",
+        "input_price",
+        "output_price",
         "is_default",
         "has_key",
         "configured_by_operator",
@@ -329,11 +340,14 @@ class ModelCallAdmin(ReadOnlyTenantScopedAdmin):
         "finish_reason",
         "attempts",
         "prompt_tokens",
+        "cached_prompt_tokens",
         "completion_tokens",
+        "cost",
         "latency_ms",
         "started_at",
     ]
-    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "purpose", "finish_reason"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "purpose", "finish_reason", "model"]
+    date_hierarchy = "started_at"
 
 
 @admin.register(Delivery)

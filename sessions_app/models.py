@@ -50,6 +50,33 @@ class ModelConfig(OperatorConfigured, TenantOwnedModel):
     max_output_tokens = models.PositiveIntegerField(default=4096)
     temperature = models.FloatField(null=True, blank=True)
     is_default = models.BooleanField(default=False)
+    # Prices per million tokens, in the deployment's currency (XAGENT_USAGE_CURRENCY). A call is
+    # priced when it is recorded, with the prices its slice read: a change applies from the next
+    # call on. Without an input and an output price calls are counted, not priced.
+    input_price = models.DecimalField(
+        "input price",
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        help_text="per million prompt tokens",
+    )
+    cached_input_price = models.DecimalField(
+        "cached input price",
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        help_text="per million prompt tokens the provider served from its cache (blank: the input price)",
+    )
+    output_price = models.DecimalField(
+        "output price",
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        help_text="per million completion tokens",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -247,7 +274,12 @@ class ModelCall(TenantOwnedModel):
     fact_versions = models.JSONField(default=dict)
     estimated_prompt_tokens = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveIntegerField(default=0)
+    # Of `prompt_tokens`, those the provider served from its prompt cache (as it reported them).
+    cached_prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
+    # What the call cost at the prices of its model when it was recorded (`params["prices"]`);
+    # null: the model has no prices.
+    cost = models.DecimalField(max_digits=18, decimal_places=8, null=True, blank=True)
     finish_reason = models.CharField(max_length=30, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
     attempt_errors = models.JSONField(default=list)
@@ -258,6 +290,10 @@ class ModelCall(TenantOwnedModel):
 
     class Meta:
         ordering = ["id"]
+        indexes = [
+            # Usage totals read a tenant's calls of a period (sessions_app/usage.py).
+            models.Index(fields=["tenant", "started_at"], name="modelcall_tenant_started"),
+        ]
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.purpose} ({self.model})"

@@ -11,8 +11,10 @@ from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_safe
 
 from tenancy_app.access import SESSION_TENANT_KEY, resolve_membership
+from tenancy_app.choices import ADMIN_ROLES
 from tools_app.registry import DELEGATE_TOOL, default_tool_names
 
+from . import usage, usage_charts
 from .api.serializers import GoalRunCreateSerializer, GoalRunSerializer
 from .choices import MemoryKind, SessionKind, SessionStatus
 from .models import Session
@@ -161,3 +163,44 @@ def memories(request):
     """The user's own long-term memories in the current tenant (listed, filtered and deleted by
     static/js/memories.js through `/api/v1/memories/`, which scopes them to this user)."""
     return render(request, "workspace/memories.html", {"memory_kinds": MemoryKind.choices})
+
+
+@login_required
+def usage_page(request):
+    """Tokens and cost of the current tenant's model calls over the last 30 days, drawn on the
+    server (sessions_app/usage_charts.py): per day, per user and per model. Members see their
+    own Sessions' usage, owners and admins everyone's — the rule `/api/v1/usage/` applies."""
+    membership = resolve_membership(request.user, request.session.get(SESSION_TENANT_KEY))
+    if membership is None:
+        return render(request, "workspace/usage.html", {})
+    user_id = None if membership.role in ADMIN_ROLES else request.user.pk
+    within = usage.period(None, None)
+    currency = usage.currency()
+
+    def totals(group_by):
+        return usage.totals(membership.tenant_id, group_by, within, user_id=user_id)
+
+    days, users, models = totals("day"), totals("user"), totals("model")
+    return render(
+        request,
+        "workspace/usage.html",
+        {
+            "within": within,
+            "currency": currency,
+            "everyone": user_id is None,
+            "total": {
+                "prompt_tokens": sum(r["prompt_tokens"] for r in days),
+                "completion_tokens": sum(r["completion_tokens"] for r in days),
+                "cost": sum(r["cost"] for r in days),
+                "calls": sum(r["calls"] for r in days),
+            },
+            "day_chart": usage_charts.daily(
+                usage_charts.every_day(days, within.since.date(), within.until.date()), currency
+            ),
+            "user_chart": usage_charts.ranking(users, currency),
+            "model_chart": usage_charts.ranking(models, currency),
+            "days": days,
+            "users": users,
+            "models": models,
+        },
+    )

@@ -5,6 +5,7 @@ from .files import FILE_PARSERS, FILE_RENDERERS, JSONOnlyNegotiation
 from .longpoll import session_events
 from .memories import MemoryViewSet
 from .pagination import HistoryPagination
+from .usage import UsageView
 from .views import ApprovalViewSet, SessionViewSet
 
 router = SimpleRouter()
@@ -15,6 +16,7 @@ router.register("memories", MemoryViewSet, basename="memory")
 SESSION = r"^sessions/(?P<pk>[^/.]+)"
 
 urlpatterns = [
+    re_path(r"^usage/$", UsageView.as_view(), name="usage"),
     # Before the router: the long poll is an async view (no database connection while it waits).
     # It runs `SessionViewSet.events`, whose router entry below stays for the OpenAPI schema.
     re_path(rf"{SESSION}/events/$", session_events, name="session-events-longpoll"),

@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from ...choices import CallPurpose, Role, SessionStatus
 from ...models import Checkpoint, Message, ModelCall, Session
+from ...usage import call_params, recorded_usage
 from ..events import emit
 from ..llm.config import EffectiveModel
 from .fencing import locked_session
@@ -122,7 +123,7 @@ def begin_compaction(
             provider=model.provider,
             model=model.model,
             base_url=model.base_url,
-            params={"max_tokens": model.max_output_tokens},
+            params=call_params(model, max_tokens=model.max_output_tokens),
             system_prompt_id=system_prompt_blob_id,
             first_message_id=plan.covers_from_id,
             last_message_id=plan.covers_to_id,
@@ -153,10 +154,11 @@ def record_summary(
     (from here on, a lost runner's compaction is promoted by recovery rather than discarded)."""
     usage = (result.usage if result is not None else None) or {}
     with locked_session(session_id, token):
-        ModelCall.objects.filter(pk=checkpoint.summary_call_id).update(
+        calls = ModelCall.objects.filter(pk=checkpoint.summary_call_id)
+        params = calls.values_list("params", flat=True).first()
+        calls.update(
             finish_reason=result.finish_reason if result is not None else "error",
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
+            **recorded_usage(params, usage),
             attempts=result.attempts if result is not None else 1,
             attempt_errors=without_nul(result.attempt_errors if result is not None else []),
             error=without_nul(error[:5000]),

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from ...choices import Role
 from ...models import ModelCall, PromptBlob, Session
+from ...usage import call_params, recorded_usage
 from ..events import emit
 from ..llm.base import EncodedMessages
 from ..llm.config import EffectiveModel
@@ -146,10 +147,11 @@ def begin_model_call(
                 provider=request.model.provider,
                 model=request.model.model,
                 base_url=request.model.base_url,
-                params={
-                    "max_tokens": request.model.max_output_tokens,
-                    "temperature": request.model.temperature,
-                },
+                params=call_params(
+                    request.model,
+                    max_tokens=request.model.max_output_tokens,
+                    temperature=request.model.temperature,
+                ),
                 system_prompt_id=request.system_prompt_blob_id,
                 tool_schemas_id=request.tool_schemas_blob_id,
                 first_message_id=request.first_message_id,
@@ -186,8 +188,8 @@ def end_model_call(
     """Close a step's model call in one commit: its result, the assistant message (`answer`:
     text and tool calls) and `tool.started` for each call about to run (`announced`:
     {"call_id", "tool", "arguments"}). Returns the assistant message, if any."""
-    prompt_tokens = int(outcome.usage.get("prompt_tokens") or 0)
-    completion_tokens = int(outcome.usage.get("completion_tokens") or 0)
+    usage = recorded_usage(call.params, outcome.usage)
+    prompt_tokens, completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
     with writer.commit(
         increments={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
         one_statement=True,
@@ -196,8 +198,7 @@ def end_model_call(
             ModelCall,
             call.pk,
             finish_reason=outcome.finish_reason,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
+            **usage,
             attempts=outcome.attempts,
             attempt_errors=outcome.attempt_errors,
             latency_ms=outcome.latency_ms,

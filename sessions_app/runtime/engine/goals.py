@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from ...choices import SessionStatus
 from ...models import ModelCall, Session, Turn
+from ...usage import call_params, recorded_usage
 from ..events import emit
 from .context import prompt_blob
 from .fencing import locked_session
@@ -187,7 +188,7 @@ def begin_preparation_call(
             provider=model.provider,
             model=model.model,
             base_url=model.base_url,
-            params={"max_tokens": model.max_output_tokens, "stream": False},
+            params=call_params(model, max_tokens=model.max_output_tokens, stream=False),
             system_prompt_id=blob,
             message_count=2,
             fact_versions={"request": payload},
@@ -218,9 +219,8 @@ def _end_call(
 ):
     """Close an outer-loop call's row (caller holds the lock): the result, the validated answer
     (`fact_versions.answer`) or the raw one, the error; its tokens count toward the usage."""
-    usage = (result.usage if result is not None else None) or {}
-    prompt_tokens = int(usage.get("prompt_tokens") or 0)
-    completion_tokens = int(usage.get("completion_tokens") or 0)
+    usage = recorded_usage(call.params, (result.usage if result is not None else None) or {})
+    prompt_tokens, completion_tokens = usage["prompt_tokens"], usage["completion_tokens"]
     facts = dict(call.fact_versions)
     if answer is not None:
         facts["answer"] = answer
@@ -233,8 +233,7 @@ def _end_call(
         finish_reason=without_nul(finish_reason or (result.finish_reason if result is not None else "error"))[
             :30
         ],
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
+        **usage,
         attempts=result.attempts if result is not None else 1,
         attempt_errors=without_nul(result.attempt_errors if result is not None else []),
         error=without_nul(error[:5000]),

@@ -10,6 +10,7 @@ from django.conf import settings
 from tenancy_app.crypto import decrypt
 
 from ...models import ModelConfig, Session
+from ...usage import Prices
 
 DEMO_PROVIDER = "demo"
 OPENAI_PROVIDER = "openai"
@@ -28,6 +29,8 @@ class EffectiveModel:
     temperature: float | None = None
     # A base URL a tenant admin set: reached only through the outbound guard (tools_app.net).
     guarded: bool = False
+    # What its calls cost (None: not priced); stored with each call when it starts.
+    prices: Prices | None = None
 
     def with_max_output(self, tokens: int) -> EffectiveModel:
         """The same model asked for at most `tokens` (a short JSON answer needs no more)."""
@@ -61,6 +64,7 @@ def effective_model_of(config: ModelConfig) -> EffectiveModel:
         max_output_tokens=config.max_output_tokens,
         temperature=config.temperature,
         guarded=not config.configured_by_operator,
+        prices=Prices.of(config),
     )
 
 

@@ -197,12 +197,16 @@ def _usage(usage) -> dict:
         except (TypeError, ValueError, OverflowError):
             return 0
 
-    if isinstance(usage, dict):  # a stream chunk's, as decoded
-        return {
-            "prompt_tokens": count(usage.get("prompt_tokens")),
-            "completion_tokens": count(usage.get("completion_tokens")),
-        }
-    return {"prompt_tokens": count(usage.prompt_tokens), "completion_tokens": count(usage.completion_tokens)}
+    if not isinstance(usage, dict):
+        usage = usage.model_dump()
+    # Prompt tokens the provider served from its cache (OpenAI: prompt_tokens_details); they are
+    # part of prompt_tokens and may cost less (ModelConfig.cached_input_price).
+    details = usage.get("prompt_tokens_details")
+    return {
+        "prompt_tokens": count(usage.get("prompt_tokens")),
+        "completion_tokens": count(usage.get("completion_tokens")),
+        "cached_tokens": count(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+    }
 
 
 class AnswerTimeout(Exception):

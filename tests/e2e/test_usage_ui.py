@@ -1,0 +1,84 @@
+"""The Usage page in Chromium against the real `runstack` (SQLite, in-process worker): a Session's
+model calls, answered by the scripted server with fixed usage and priced by the demo tenant's
+model configuration, show as charts drawn on the server (SVG, nothing from a CDN) and as totals
+equal to what `/api/v1/usage/` reports."""
+
+import re
+
+import pytest
+
+from tests.support.model_server import ScriptedModelServer, json_reply, text_reply
+
+from ..integration.processes import served_embedded
+from .test_workspace import LIVE_TIMEOUT_MS, SESSION_URL, assistant_messages, expect, log_in
+
+USAGE = {"prompt_tokens": 1000, "completion_tokens": 100}
+ANSWER = "The quarterly numbers are summarised."
+
+SETUP = """
+from sessions_app.models import ModelConfig
+from tenancy_app.models import Tenant
+
+ModelConfig.objects.update_or_create(
+    tenant=Tenant.objects.get(slug="demo"), name="scripted",
+    defaults=dict(
+        base_url="{base_url}", model="scripted-model", is_default=True, configured_by_operator=True,
+        input_price="2", output_price="8",
+    ),
+)
+"""
+
+
+@pytest.fixture(scope="module")
+def model_server():
+    with ScriptedModelServer() as server:
+        server.default("agent", lambda request: text_reply(ANSWER, usage=USAGE))
+        server.default(
+            "task_relation",
+            json_reply(
+                {
+                    "task_relation": "new_task",
+                    "skill_recall_terms": [],
+                    "tool_recall_terms": [],
+                    "memory_recall_terms": [],
+                },
+                usage=USAGE,
+            ),
+        )
+        server.default("orchestrate", json_reply({"skills": [], "toolsets": [], "tools": []}, usage=USAGE))
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, model_server):
+    root = tmp_path_factory.mktemp("usage-stack")
+    with served_embedded(
+        root, ("seed_demo",), ("shell", "-c", SETUP.format(base_url=model_server.base_url))
+    ) as served:
+        yield served
+
+
+def test_the_usage_page_charts_a_sessions_priced_calls(page, stack, tmp_path):
+    log_in(page)
+    page.get_by_test_id("new-session-title").fill("Quarterly numbers")
+    page.get_by_test_id("new-session-goal").fill("Summarise the quarterly numbers.")
+    page.get_by_test_id("new-session-submit").click()
+    expect(page).to_have_url(SESSION_URL)
+    expect(assistant_messages(page).last).to_contain_text(ANSWER, timeout=LIVE_TIMEOUT_MS)
+
+    page.get_by_test_id("nav-usage").click()
+    expect(page).to_have_url(re.compile(r"/usage/$"))
+    expect(page.get_by_test_id("usage-chart-days").locator("[data-testid=usage-point]")).to_have_count(1)
+    expect(page.get_by_test_id("usage-chart-users").locator("[data-testid=usage-point]")).to_have_count(1)
+    expect(page.get_by_test_id("usage-chart-models")).to_contain_text("scripted-model")
+    # The bar has a height: the chart is drawn from the data, not an empty frame.
+    assert float(page.get_by_test_id("usage-chart-days").locator("rect").first.get_attribute("height")) > 0
+
+    totals = page.request.get("/api/v1/usage/?group_by=model").json()
+    [row] = totals["results"]
+    calls = row["calls"]
+    assert row["prompt_tokens"] == calls * USAGE["prompt_tokens"]
+    # 1,000 × 2 + 100 × 8 per million tokens, per call.
+    assert row["cost"] == pytest.approx(calls * 0.0028)
+    expect(page.get_by_test_id("usage-total-cost")).to_have_text(f"{row['cost']:.4f} {totals['currency']}")
+    page.screenshot(path=str(tmp_path / "usage-page.png"), full_page=True)
