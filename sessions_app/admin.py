@@ -14,6 +14,7 @@ from tenancy_app.crypto import encrypt
 from tools_app.net import OutboundRefused, check_url
 from tools_app.secrets import tenant_redactor
 
+from . import quotas
 from .models import (
     Checkpoint,
     Delivery,
@@ -24,6 +25,7 @@ from .models import (
     Message,
     ModelCall,
     ModelConfig,
+    Quota,
     Session,
     SessionEvent,
     WorkerPresence,
@@ -466,3 +468,36 @@ class WorkerPresenceAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class QuotaForm(forms.ModelForm):
+    class Meta:
+        model = Quota
+        fields = ["tenant", "user", "period", "max_tokens", "max_cost"]
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("max_tokens") is None and cleaned.get("max_cost") is None:
+            raise forms.ValidationError("Set a token limit, a cost limit, or both.")
+        if (cleaned.get("max_cost") or 0) < 0:
+            self.add_error("max_cost", "must not be negative.")
+        tenant, user = cleaned.get("tenant"), cleaned.get("user")
+        if tenant is not None and user is not None and not user.memberships.filter(tenant=tenant).exists():
+            self.add_error("user", f"{user.get_username()} is not a member of {tenant}.")
+        return cleaned
+
+
+@admin.register(Quota)
+class QuotaAdmin(TenantScopedAdmin):
+    """Daily or monthly limits on tokens or cost, for a whole tenant or one member. Saving one
+    resumes the Sessions parked for a spent quota (those still over it park again)."""
+
+    form = QuotaForm
+    list_display = ["__str__", "tenant", "user", "period", "max_tokens", "max_cost", "used_now", "updated_at"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "period"]
+
+    @admin.display(description="used this period")
+    def used_now(self, obj):
+        rule = quotas.QuotaRule(obj.pk, obj.user_id, obj.period, obj.max_tokens, obj.max_cost)
+        spent = quotas.spent(obj.tenant_id, obj.user_id, [rule])
+        return "spent" if spent is not None else "within the limit"

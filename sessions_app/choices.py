@@ -106,3 +106,10 @@ class InputRequestAction(models.TextChoices):
     ACCEPT = "accept", "Accept"
     DECLINE = "decline", "Decline"
     CANCEL = "cancel", "Cancel"
+
+
+class QuotaPeriod(models.TextChoices):
+    """The period a quota's limit applies to; periods start at midnight UTC (a month: its 1st)."""
+
+    DAY = "day", "Day"
+    MONTH = "month", "Month"

@@ -23,6 +23,7 @@ from .choices import (
     InputStatus,
     MemoryKind,
     PlanTaskStatus,
+    QuotaPeriod,
     Role,
     SessionKind,
     SessionStatus,
@@ -511,6 +512,67 @@ class Delivery(TenantOwnedModel):
         if not self.files and not self.checks:
             return "nothing_delivered"
         return "delivered"
+
+
+class Quota(TenantOwnedModel):
+    """A limit on what a tenant's model calls may use per period, in tokens (prompt + completion),
+    in cost (in XAGENT_USAGE_CURRENCY, at the prices recorded with the calls), or both.
+
+    Without a user it applies to the whole tenant; with one, to that member's Sessions. It is
+    checked before every model call (sessions_app/quotas.py): over it, the Session parks as
+    `queued` with reason `quota_exceeded` and resumes on its own when the limit is raised or a
+    new period begins. Calls already under way finish: a race of Sessions against the last of a
+    quota overshoots it by at most one model call each.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="blank: the whole tenant",
+    )
+    period = models.CharField(max_length=10, choices=QuotaPeriod.choices, default=QuotaPeriod.MONTH)
+    max_tokens = models.PositiveBigIntegerField(
+        "token limit", null=True, blank=True, help_text="prompt + completion tokens per period"
+    )
+    max_cost = models.DecimalField(
+        "cost limit", max_digits=14, decimal_places=4, null=True, blank=True, help_text="per period"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant", "user", "period"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "period"],
+                condition=models.Q(user__isnull=True),
+                name="one_tenant_quota_per_period",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "user", "period"],
+                condition=models.Q(user__isnull=False),
+                name="one_user_quota_per_period",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_tokens__isnull=False) | models.Q(max_cost__isnull=False),
+                name="quota_has_a_limit",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        whose = self.user.get_username() if self.user_id else "whole tenant"
+        return f"{whose}: {self.limit_text} per {self.period}"
+
+    @property
+    def limit_text(self) -> str:
+        parts = []
+        if self.max_tokens is not None:
+            parts.append(f"{self.max_tokens:,} tokens")
+        if self.max_cost is not None:
+            parts.append(f"{self.max_cost} {settings.XAGENT_USAGE_CURRENCY}")
+        return " or ".join(parts)
 
 
 class Memory(TenantOwnedModel):

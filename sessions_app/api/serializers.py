@@ -16,6 +16,7 @@ from ..choices import (
     InputRequestStatus,
     InputStatus,
     PlanTaskStatus,
+    QueueReason,
     SessionKind,
 )
 from ..models import (
@@ -281,6 +282,11 @@ class InputAcceptedSerializer(serializers.Serializer):
 
     input_id = serializers.IntegerField()
     status = serializers.ChoiceField(choices=InputStatus.choices)
+    reason = serializers.ChoiceField(
+        choices=[QueueReason.QUOTA_EXCEEDED],
+        required=False,
+        help_text="quota_exceeded: a quota is spent; the input is kept and runs once it is raised or renews",
+    )
 
 
 class GoalRoundSerializer(serializers.Serializer):

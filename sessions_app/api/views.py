@@ -21,7 +21,8 @@ from tenancy_app.models import ApiKey
 from tenancy_app.revocation import Principal
 from tenancy_app.throttling import caller_ident
 
-from ..choices import CallPurpose, InputRequestStatus, SessionStatus
+from .. import quotas
+from ..choices import CallPurpose, InputRequestStatus, InputStatus, QueueReason, SessionStatus
 from ..models import InputRequest, ModelCall, Plan, Session
 from ..runtime import approvals, brain, engine, goal_driver
 from . import longpoll
@@ -188,10 +189,11 @@ class SessionViewSet(
             idempotency_key=validated_idempotency_key(request),
             caller=caller_ident(request),
         )
-        return Response(
-            {"input_id": created_input.pk, "status": created_input.status},
-            status=status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK,
-        )
+        accepted = {"input_id": created_input.pk, "status": created_input.status}
+        if created_input.status == InputStatus.QUEUED and quotas.spent_for_session(session) is not None:
+            # Kept, and taken up when the quota is raised or renews (`quota.exceeded` says which).
+            accepted["reason"] = QueueReason.QUOTA_EXCEEDED
+        return Response(accepted, status=status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK)
 
     @extend_schema(request=None, responses={202: InputAcceptedSerializer})
     @action(detail=True, methods=["post"])

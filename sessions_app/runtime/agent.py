@@ -57,6 +57,7 @@ class StepResult:
     compacted: bool = False  # the step compacted the context instead of calling the model
     detail: str = ""
     followups: bool = False  # the turn's end has follow-ups above the engine (engine.end_turn)
+    quota_spent: object = None  # a spent quota (quotas.Exceeded) stopped the step before its call
 
 
 def _signature(name: str, arguments: str) -> str:
@@ -159,6 +160,10 @@ class AgentService:
         if context.progress.steps >= max_steps:
             return self._end(TurnReason.BLOCKED, f"loop guard: {max_steps} steps without finishing the task")
 
+        spent = context.quota_spent()
+        if spent is not None:
+            # Checked before every call (a compaction's summary included): the turn waits, open.
+            return StepResult(quota_spent=spent)
         request = context.request()
         if (
             request.estimated_tokens > context.budget

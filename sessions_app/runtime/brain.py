@@ -27,6 +27,7 @@ from approvals_app import actions as approval_actions
 from config.dbconn import hand_back_connections
 from tenancy_app.models import Tenant
 
+from .. import quotas
 from ..choices import InputKind, InputStatus, QueueReason, SessionStatus, TurnReason
 from ..models import Input, RunnerSlice, Session, Turn
 from . import approvals, engine, followups, goal_driver, outer_loop, presence
@@ -280,6 +281,7 @@ class Progress:
     # The step ended its turn and nothing above the engine follows from it (no goal run's next
     # round, no parent's report): the slice may release without another boundary.
     turn_ended: bool = False
+    quota_spent: object = None  # the step found a quota spent (quotas.Exceeded): the Session parks
 
 
 def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = SLICE_MAX_SECONDS) -> str:
@@ -345,6 +347,13 @@ def drive(session_id, *, max_steps: int = SLICE_MAX_STEPS, max_seconds: float = 
             progress = _advance(agent)
             steps += progress.steps
             consumed += progress.consumed
+            if progress.quota_spent is not None:
+                # Parked until the limit is raised or a new period begins (`resume_quota_parked`).
+                agent.pause()
+                release(session_id, token, keep_if_work=False)
+                engine.park_for_quota(session_id, progress.quota_spent.as_event())
+                outcome = "quota_exceeded"
+                break
             if (progress.steps or progress.consumed or progress.again) and not progress.turn_ended:
                 continue
             # Nothing to do, or the turn just ended: release, unless work waits (release looks
@@ -395,7 +404,7 @@ def wake_tenant_queue(tenant_id, *, limit: int = 1, again: bool = False) -> int:
     which also wakes marked ones (a wake whose task was lost)."""
     waiting = Session.objects.filter(
         tenant_id=tenant_id, status=SessionStatus.QUEUED, runner_token__isnull=True
-    )
+    ).exclude(status_reason=QueueReason.QUOTA_EXCEEDED)  # those wait for their quota, not a place
     if not again:
         waiting = waiting.filter(wake_requested=False)
     # Every runner's end asks; the tenant's queue is nearly always empty, and this look (what
@@ -473,6 +482,8 @@ def _advance(agent: AgentService) -> Progress:
 
 def _step(agent: AgentService) -> Progress:
     result = agent.step()
+    if result.quota_spent is not None:
+        return Progress(quota_spent=result.quota_spent)
     return Progress(steps=1, turn_ended=bool(result.ended) and not result.followups)
 
 
@@ -621,28 +632,62 @@ def recover_stale_sessions() -> int:
     woken = expired | set(stale.values_list("pk", flat=True))
     for session_id in woken:
         wake(session_id)
-    return len(woken) + _wake_queued_within_limits()
+    return len(woken) + _wake_queued()
 
 
-def _wake_queued_within_limits() -> int:
-    """Sessions waiting as `queued` for their tenant's limit, as many per tenant as it has free
-    places (a safety net: a finishing runner normally wakes the next one itself)."""
-    tenants = (
+def _wake_queued() -> int:
+    """Sessions waiting as `queued`: for their tenant's limit, as many per tenant as it has free
+    places (a safety net: a finishing runner normally wakes the next one itself); for a spent
+    quota, those whose quotas renewed (a new day or month). One query when none waits."""
+    waiting = (
         Session.objects.filter(
             status=SessionStatus.QUEUED, runner_token__isnull=True, archived_at__isnull=True
         )
-        .values_list("tenant_id", flat=True)
+        .values_list("tenant_id", "status_reason")
         # Without clearing Session's default ordering, DISTINCT also takes `created_at`: one row
         # per queued Session, and each one woke the tenant's free places again (at N = 1,000 in
         # `make bench`, ~2,500 duplicate drive tasks from one sweep, all finding the lease held).
         .order_by()
         .distinct()
     )
+    for_places, for_quotas = set(), set()
+    for tenant_id, reason in waiting:
+        (for_quotas if reason == QueueReason.QUOTA_EXCEEDED else for_places).add(tenant_id)
     woken = 0
-    for tenant_id in tenants:
+    for tenant_id in for_places:
         free = settings.XAGENT_TENANT_MAX_RUNNING - _running_in_tenant(tenant_id)
         if free > 0:
             woken += wake_tenant_queue(tenant_id, limit=free, again=True)
+    for tenant_id in for_quotas:
+        woken += resume_quota_parked(tenant_id, only_unspent=True)
+    return woken
+
+
+def resume_quota_parked(tenant_id=None, *, only_unspent: bool = False) -> int:
+    """Wake the Sessions parked for a spent quota (of `tenant_id`, or every tenant): after a
+    quota changed (all of them: a step checks again before its call, and parks again if it must)
+    or, from the sweep, those whose quotas are no longer spent (a new day or month)."""
+    parked = Session.objects.filter(
+        status=SessionStatus.QUEUED,
+        status_reason=QueueReason.QUOTA_EXCEEDED,
+        runner_token__isnull=True,
+        archived_at__isnull=True,
+    )
+    if tenant_id is not None:
+        parked = parked.filter(tenant_id=tenant_id)
+    rows = list(parked.values_list("pk", "tenant_id", "owner_id"))
+    rules, still_spent = {}, {}
+    woken = 0
+    for session_id, tenant, owner in rows:
+        if only_unspent:
+            if tenant not in rules:
+                rules[tenant] = quotas.rules(tenant)
+            if (tenant, owner) not in still_spent:
+                still_spent[tenant, owner] = quotas.spent(tenant, owner, rules[tenant]) is not None
+            if still_spent[tenant, owner]:
+                continue
+        wake(session_id)
+        woken += 1
     return woken
 
 

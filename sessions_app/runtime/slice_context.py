@@ -19,6 +19,7 @@ from tools_app.catalog import resolve_available, sandbox_limits_for, tenant_tool
 from tools_app.registry import DELEGATE_TOOL, GOAL_TOOL
 from tools_app.secrets import Redactor, bound_shell_environment, tenant_secret_values
 
+from .. import quotas
 from ..choices import CallPurpose, SessionKind
 from ..models import Checkpoint, ModelCall, Plan, Session, Turn
 from . import approvals, engine, memory
@@ -73,6 +74,7 @@ class SliceContext:
         self.memory_user_id: int | None = None
         self._skills_text = ""
         self.loaded_skill_names: list[str] = []
+        self.quota_rules: tuple = ()
 
     @classmethod
     def for_slice(cls, session_id, token) -> SliceContext:
@@ -93,6 +95,12 @@ class SliceContext:
             _kept_contexts.move_to_end(str(self.session_id))
             while len(_kept_contexts) > MAX_KEPT_CONTEXTS:
                 _kept_contexts.popitem(last=False)
+
+    def quota_spent(self) -> quotas.Exceeded | None:
+        """A quota of this Session's owner or tenant that is spent now (one query), or None."""
+        if not self.quota_rules:
+            return None
+        return quotas.spent(self.session.tenant_id, self.session.owner_id, self.quota_rules)
 
     @property
     def current(self) -> bool:
@@ -231,11 +239,15 @@ class SliceContext:
                 secrets,
                 Redactor(secrets.values()),
                 approval_policy.tenant_rules(tenant_id),
+                quotas.rules(tenant_id),
             )
 
-        self.known_tools, secrets, self.redactor, self.policy_rules = shared_configuration(
+        self.known_tools, secrets, self.redactor, self.policy_rules, tenant_quotas = shared_configuration(
             ("tenant", *version), tenant
         )
+        # Only the quotas that apply to this Session's owner: most tenants have none, and then a
+        # step checks nothing (no query).
+        self.quota_rules = tuple(q for q in tenant_quotas if q.user_id in (None, session.owner_id))
         shell = "shell_exec" in self.tools
         # Only what admins wrote (the tool sets' shell environments) carries a secret into a
         # process, never the model's arguments (ARCHITECTURE §7).

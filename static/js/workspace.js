@@ -10,7 +10,7 @@
   const QUEUE_REASONS = {
     capacity: "Waiting for a free worker: every worker is busy.",
     tenant_limit: "Waiting: your organisation already runs as many Sessions at once as it may; this one starts when one of them is done.",
-    quota_exceeded: "Waiting: a usage quota is spent.",
+    quota_exceeded: "Waiting: a usage quota is spent. It goes on when an admin raises the limit or the next period begins.",
     provider_unavailable: "Waiting: the model provider is unavailable.",
   };
 

@@ -16,7 +16,8 @@ USAGE = {"prompt_tokens": 1000, "completion_tokens": 100}
 ANSWER = "The quarterly numbers are summarised."
 
 SETUP = """
-from sessions_app.models import ModelConfig
+from django.contrib.auth import get_user_model
+from sessions_app.models import ModelConfig, Quota
 from tenancy_app.models import Tenant
 
 ModelConfig.objects.update_or_create(
@@ -25,6 +26,11 @@ ModelConfig.objects.update_or_create(
         base_url="{base_url}", model="scripted-model", is_default=True, configured_by_operator=True,
         input_price="2", output_price="8",
     ),
+)
+# carol may use 1,000 tokens a day: her first call passes, the next waits.
+Quota.objects.create(
+    tenant=Tenant.objects.get(slug="demo"), user=get_user_model().objects.get(username="carol"),
+    period="day", max_tokens=1000,
 )
 """
 
@@ -53,7 +59,10 @@ def model_server():
 def stack(tmp_path_factory, model_server):
     root = tmp_path_factory.mktemp("usage-stack")
     with served_embedded(
-        root, ("seed_demo",), ("shell", "-c", SETUP.format(base_url=model_server.base_url))
+        root,
+        ("seed_demo",),
+        ("create_user", "carol", "--tenant", "demo", "--password", "carol-password-1"),
+        ("shell", "-c", SETUP.format(base_url=model_server.base_url)),
     ) as served:
         yield served
 
@@ -82,3 +91,26 @@ def test_the_usage_page_charts_a_sessions_priced_calls(page, stack, tmp_path):
     assert row["cost"] == pytest.approx(calls * 0.0028)
     expect(page.get_by_test_id("usage-total-cost")).to_have_text(f"{row['cost']:.4f} {totals['currency']}")
     page.screenshot(path=str(tmp_path / "usage-page.png"), full_page=True)
+
+
+def test_a_spent_quota_shows_a_card_naming_the_limit_and_keeps_the_message(page, stack):
+    log_in(page, "carol", "carol-password-1")
+    page.get_by_test_id("new-session-title").fill("Carol's numbers")
+    page.get_by_test_id("new-session-goal").fill("Summarise the quarterly numbers.")
+    page.get_by_test_id("new-session-submit").click()
+    expect(page).to_have_url(SESSION_URL)
+    expect(assistant_messages(page).last).to_contain_text(ANSWER, timeout=LIVE_TIMEOUT_MS)
+
+    page.get_by_test_id("composer-input").fill("And the yearly ones?")
+    page.get_by_test_id("send-button").click()
+    card = page.get_by_test_id("quota-exceeded")
+    expect(card).to_be_visible(timeout=LIVE_TIMEOUT_MS)
+    expect(card.get_by_test_id("quota-exceeded-limit")).to_contain_text(
+        "daily quota of 1,000 tokens is spent"
+    )
+    expect(card).to_contain_text("admin")
+    expect(page.get_by_test_id("session-status")).to_contain_text("queued")
+    # The message is kept: it is in the conversation, and the card is still there after a reload.
+    expect(page.locator("[data-testid=message][data-role=user]").last).to_contain_text("And the yearly ones?")
+    page.reload()
+    expect(page.get_by_test_id("quota-exceeded")).to_have_count(1)

@@ -50,15 +50,17 @@ def database_env_for_workers() -> dict[str, str]:
 
 
 def manage(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    done = subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=PROJECT_ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
-        check=True,
     )
+    # A failed set-up command shows what it printed: the exception alone says only its exit status.
+    assert done.returncode == 0, f"manage.py {args[0]} failed ({done.returncode}):\n{done.stderr[-3000:]}"
+    return done
 
 
 _migrated_template: Path | None = None

@@ -60,7 +60,7 @@ def test_text_and_tool_call_fragments_join_by_index():
         {"id": "b", "name": "fs_read", "arguments": "{}"},
     ]
     assert result.finish_reason == "tool_calls"
-    assert result.usage == {"prompt_tokens": 12, "completion_tokens": 7}
+    assert result.usage == {"prompt_tokens": 12, "completion_tokens": 7, "cached_tokens": 0}
 
 
 def test_null_fields_are_absent():
@@ -87,7 +87,11 @@ def test_whole_calls_without_an_index_each_get_their_own_slot():
 
 def test_reported_usage_is_kept_within_range():
     result, *_ = read({"choices": [], "usage": {"prompt_tokens": -5, "completion_tokens": "many"}})
-    assert result.usage == {"prompt_tokens": 0, "completion_tokens": 0}
+    assert result.usage == {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
+    cached = {"prompt_tokens": 100, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 64}}
+    assert read({"choices": [], "usage": cached})[0].usage["cached_tokens"] == 64
+    odd = {"prompt_tokens": 100, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": -3}}
+    assert read({"choices": [], "usage": odd})[0].usage["cached_tokens"] == 0
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
-from ...choices import InputKind, Role, SessionKind, SessionStatus, TurnReason
+from ...choices import InputKind, QueueReason, Role, SessionKind, SessionStatus, TurnReason
 from ...models import Delivery, GoalRun, Input, Message, Session, Turn
 from .. import deliveries, memory
 from ..events import emit, update_session
@@ -62,6 +62,20 @@ def queue_for_runner(session_id, reason: str) -> bool:
         if session.status not in QUEUEABLE_STATUSES or session.runner_token is not None:
             return False
         set_status(session, SessionStatus.QUEUED, reason)
+        return True
+
+
+def park_for_quota(session_id, spent: dict) -> bool:
+    """A spent quota stops the Session before its next model call (its runner released the lease
+    first): `queued` with reason `quota_exceeded` and a `quota.exceeded` event (`spent`: what
+    names the limit), once per parking. Its open turn and queued inputs stay as they are."""
+    with locked_session(session_id) as session:
+        if session.runner_token is not None or session.status not in QUEUEABLE_STATUSES:
+            return False
+        if session.status == SessionStatus.QUEUED and session.status_reason == QueueReason.QUOTA_EXCEEDED:
+            return False
+        set_status(session, SessionStatus.QUEUED, QueueReason.QUOTA_EXCEEDED)
+        emit(session, "quota.exceeded", spent)
         return True
 
 

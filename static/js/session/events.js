@@ -15,7 +15,7 @@ import { PREPARATION_FAILURES, goalsUpdatedNote, orchestrationNote, preparationF
 import { files, goalCard, inputPanel } from "./panels.js";
 import { renderPlan } from "./plan.js";
 import { appendDelta, dropStaleStreams, endStream, eventTurn, fetchNewMessages, streamFor, toolEnded, toolStarted } from "./timeline.js";
-import { FAILED_TURN_REASONS, capabilitiesNote, compactionNote, memoryRecalledNote, sessionRecovered, turnFailed } from "./turn_notes.js";
+import { FAILED_TURN_REASONS, capabilitiesNote, compactionNote, memoryRecalledNote, quotaExceededNote, sessionRecovered, turnFailed } from "./turn_notes.js";
 
 // --- events ---------------------------------------------------------------------------------
 
@@ -44,6 +44,9 @@ export function applyEvent(event) {
       break;
     case "memory.recalled":
       memoryRecalledNote(event.seq, data, live);
+      break;
+    case "quota.exceeded":
+      quotaExceededNote(event.seq, data, live);
       break;
     case "task.understood":
       taskUnderstoodNote(event.seq, data, live);

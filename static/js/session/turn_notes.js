@@ -279,3 +279,35 @@ export function memoryRecalledNote(seq, data, live) {
     );
   });
 }
+
+/** `quota.exceeded`: the Session waits, parked as `queued`, until the limit is raised or a new
+ * period begins. The card names the limit, what was used and who can raise it. */
+export function quotaExceededNote(seq, data, live) {
+  const unit = data.unit === "cost" ? ` ${data.currency || ""}`.trimEnd() : " tokens";
+  const amount = (value) =>
+    data.unit === "cost" ? Number(value).toFixed(4) : Number(value).toLocaleString("en");
+  const whose = data.scope === "tenant" ? "Your organisation's" : "Your";
+  eventNote(seq, data, live, () =>
+    el(
+      "li",
+      {
+        className: "turn-note event-note quota-note",
+        dataset: { testid: "quota-exceeded" },
+        attrs: { role: "status" },
+      },
+      el("span", { className: "turn-note-icon", attrs: { "aria-hidden": "true" }, text: "⏸" }),
+      el(
+        "div",
+        { className: "turn-note-lines" },
+        el("strong", {
+          dataset: { testid: "quota-exceeded-limit" },
+          text: `${whose} ${data.period === "day" ? "daily" : "monthly"} quota of ${amount(data.limit)}${unit} is spent (${amount(data.used)}${unit} used).`,
+        }),
+        el("div", {
+          className: "muted",
+          text: `The task waits and goes on by itself when ${data.raised_by || "an owner or admin of the tenant"} raises the limit, or when the next ${data.period || "period"} begins. Messages you send meanwhile are kept.`,
+        })
+      )
+    )
+  );
+}
