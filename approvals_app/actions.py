@@ -19,6 +19,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from sessions_app.runtime.events import emit
+from tenancy_app import audit
 
 from .choices import ApprovalStatus
 from .models import PendingApproval
@@ -122,6 +123,17 @@ def do_decide(
         raise ValueError(f"an approval cannot be decided {status!r}")
     _close(approval, status, user=user, comment=comment)
     by = user.get_username() if getattr(user, "is_authenticated", False) else "system"
+    audit.record(
+        f"approval.{status}",
+        tenant_id=approval.tenant_id,
+        obj=approval,
+        # Named here too: a decision over the WebSocket serves no HTTP request.
+        user=user if getattr(user, "is_authenticated", False) else None,
+        changes={
+            "tool": {"after": approval.tool},
+            **({"comment": {"after": comment[:500]}} if comment else {}),
+        },
+    )
     logger.info("approval %s %s by %s", approval.pk, status, by)
     emit(session, "approval.decided", {"approval_id": approval.pk, "decision": str(status), "by": by})
     return approval

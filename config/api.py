@@ -10,6 +10,7 @@ is `config.parsers`.
 from __future__ import annotations
 
 import logging
+from datetime import datetime, time, timedelta
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -17,6 +18,8 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooMany
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import connection
 from django.http import Http404, JsonResponse
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
 from rest_framework import exceptions, pagination, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -210,3 +213,20 @@ class CursorPagination(pagination.CursorPagination):
                 "previous": {"type": "string", "nullable": True, "format": "uri"},
             },
         }
+
+
+def query_moment(name: str, raw: str | None, *, end_of_day: bool = False):
+    """A `from`/`to` query parameter: a date (with `end_of_day`, the moment that day ends, so
+    `to=2026-12-01` includes the whole day) or an ISO 8601 date-time; None when absent. Anything
+    else, a 400 naming the parameter."""
+    if not raw:
+        return None
+    try:
+        value = parse_datetime(raw) if "T" in raw or " " in raw else parse_date(raw)
+    except ValueError:  # well formed, but no such day or time (2026-13-45)
+        value = None
+    if value is None:
+        raise ParameterError(name, "must be a date (2026-12-01) or an ISO 8601 date and time")
+    if isinstance(value, datetime):
+        return value if timezone.is_aware(value) else timezone.make_aware(value)
+    return timezone.make_aware(datetime.combine(value + timedelta(days=1) if end_of_day else value, time.min))

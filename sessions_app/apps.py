@@ -9,11 +9,13 @@ class SessionsConfig(AppConfig):
         from django.db import transaction
         from django.db.models.signals import post_delete, post_save
 
+        from tenancy_app.audit import track_changes
         from tenancy_app.versioning import track_configuration
 
         from .models import ModelConfig, Quota
 
         track_configuration(ModelConfig, Quota)
+        track_changes(ModelConfig, Quota)
 
         def quota_changed(sender, instance, **kwargs):
             # A raised (or removed) limit resumes the Sessions parked for it, once committed.

@@ -10,7 +10,7 @@ moves. A model without an input and an output price is counted, not priced (`cos
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -94,22 +94,11 @@ class Period:
     until: datetime
 
 
-def period(since: date | datetime | None, until: date | datetime | None) -> Period:
-    """From `since` to `until` (a date means the whole day: `until` includes it); by default the
-    last DEFAULT_PERIOD_DAYS days up to now."""
-    now = timezone.now()
-    end = _moment(until, end_of_day=True) if until is not None else now
-    start = (
-        _moment(since, end_of_day=False) if since is not None else end - timedelta(days=DEFAULT_PERIOD_DAYS)
-    )
+def period(since: datetime | None, until: datetime | None) -> Period:
+    """From `since` to `until`; by default the last DEFAULT_PERIOD_DAYS days up to now."""
+    end = until if until is not None else timezone.now()
+    start = since if since is not None else end - timedelta(days=DEFAULT_PERIOD_DAYS)
     return Period(start, end)
-
-
-def _moment(value: date | datetime, *, end_of_day: bool) -> datetime:
-    if isinstance(value, datetime):
-        return value if timezone.is_aware(value) else timezone.make_aware(value)
-    day = datetime.combine(value + timedelta(days=1) if end_of_day else value, time.min)
-    return timezone.make_aware(day)
 
 
 # group_by -> (the values grouped on, how a row's key is made)

@@ -37,6 +37,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 
+from tenancy_app import audit
+
 from .models import (
     MAX_ALLOWED_TOOLS_LENGTH,
     MAX_COMPATIBILITY_LENGTH,
@@ -618,7 +620,7 @@ def import_package(
         tenant = skill.tenant
     parsed = check_package(package, skill=skill)
     digest = package.sha256()
-    with transaction.atomic():
+    with transaction.atomic(), audit.as_one_entry():
         current = _locked(tenant, parsed.name)
         status = "updated"
         if current is None:
@@ -665,6 +667,12 @@ def import_package(
         current.current_version = version
         current.version = number
         current.save()
+        audit.record(
+            "skill.imported",
+            tenant_id=current.tenant_id,
+            obj=current,
+            changes={"version": {"after": number}, "sha256": {"after": digest}, "origin": {"after": origin}},
+        )
     return ImportResult(current, version, status)
 
 
@@ -772,6 +780,7 @@ def export_to_folder(skill_or_version, out: str | os.PathLike) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(content)
         dest.chmod(0o755 if executable else 0o644)
+    _exported(skill_or_version, "folder")
     return target
 
 
@@ -796,6 +805,7 @@ def export_zip(skill_or_version) -> bytes:
 
 def export_zip_many(skills: Iterable) -> bytes:
     """One zip holding each skill's folder; two skills of the same name cannot share one."""
+    skills = list(skills)
     packages = sorted((package_of(skill) for skill in skills), key=lambda p: p.folder)
     names = [p.folder for p in packages]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -807,4 +817,11 @@ def export_zip_many(skills: Iterable) -> bytes:
     with zipfile.ZipFile(buffer, "w") as archive:
         for package in packages:
             _write_zip_entries(archive, package)
+    for skill in skills:
+        _exported(skill, "zip")
     return buffer.getvalue()
+
+
+def _exported(skill_or_version, how: str) -> None:
+    skill = skill_or_version if isinstance(skill_or_version, Skill) else skill_or_version.skill
+    audit.record("skill.exported", tenant_id=skill.tenant_id, obj=skill, changes={"as": {"after": how}})

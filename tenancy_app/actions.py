@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from . import audit
 from .choices import Role
 from .models import ApiKey, Membership, Tenant
 from .revocation import announce_key_revoked
@@ -66,9 +67,13 @@ def do_issue_api_key(tenant: Tenant, user, name: str) -> tuple[ApiKey, str]:
         raise ValidationError({"user": f"{user} is not a member of tenant {tenant.slug}."})
     prefix = secrets.token_hex(6)
     plaintext = f"{API_KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
-    key = ApiKey.objects.create(
-        tenant=tenant, user=user, name=name, prefix=prefix, key_hash=_hash_secret(plaintext)
-    )
+    with transaction.atomic():
+        key = ApiKey.objects.create(
+            tenant=tenant, user=user, name=name, prefix=prefix, key_hash=_hash_secret(plaintext)
+        )
+        audit.record(
+            "api_key.created", tenant_id=tenant.pk, obj=key, changes={"user": {"after": user.get_username()}}
+        )
     return key, plaintext
 
 
@@ -79,6 +84,7 @@ def do_revoke_api_key(key: ApiKey) -> ApiKey:
         revoked = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
         if revoked:
             announce_key_revoked(key.pk)
+            audit.record("api_key.revoked", tenant_id=key.tenant_id, obj=key)
     key.refresh_from_db(fields=["revoked_at"])
     return key
 

@@ -16,9 +16,10 @@ from django.db.models import Q
 
 from config.forms import BoundedJSONField
 
+from . import audit
 from .access import admin_tenant_ids
 from .actions import do_issue_api_key, do_revoke_api_key
-from .models import ApiKey, Membership, Tenant, TenantOwnedModel
+from .models import ApiKey, AuditEntry, Membership, Tenant, TenantOwnedModel
 
 
 class TenantScopedAdmin(admin.ModelAdmin):
@@ -212,3 +213,40 @@ class ApiKeyAdmin(TenantScopedAdmin):
         for key in queryset:
             do_revoke_api_key(key)
         self.message_user(request, f"Revoked {queryset.count()} key(s).")
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ReadOnlyTenantScopedAdmin):
+    """The tenant's audit log: read-only, newest first, exportable. Nobody changes or deletes an
+    entry here (nor anywhere in the product)."""
+
+    list_display = ["at", "tenant", "actor", "action", "object_type", "object_repr", "ip"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "action", "object_type"]
+    search_fields = ["actor_username", "action", "object_repr", "object_id"]
+    date_hierarchy = "at"
+    actions = ["export_csv", "export_jsonl"]
+
+    def get_queryset(self, request):
+        entries = super().get_queryset(request)
+        # An operator's change to a global row is the operator's record, not a tenant's.
+        return entries if request.user.is_superuser else entries.exclude(tenant__isnull=True)
+
+    def get_actions(self, request):
+        # Export only: the product offers no way to delete an entry, not even the bulk action.
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    @admin.display(description="who")
+    def actor(self, entry):
+        actor = audit.actor_of(entry)
+        who = actor.get("user", "the product")
+        return f"{who} (key {actor['api_key']['name']})" if "api_key" in actor else who
+
+    @admin.action(description="Export selected as CSV")
+    def export_csv(self, request, queryset):
+        return audit.export_response(queryset.order_by("-at", "-id"), "csv", "audit")
+
+    @admin.action(description="Export selected as JSON Lines")
+    def export_jsonl(self, request, queryset):
+        return audit.export_response(queryset.order_by("-at", "-id"), "jsonl", "audit")

@@ -6,7 +6,11 @@ class TenancyConfig(AppConfig):
     verbose_name = "Tenancy"
 
     def ready(self):
-        from . import schema  # noqa: F401  (registers the OpenAPI auth extension)
+        from . import (
+            audit,
+            schema,  # noqa: F401  (registers the OpenAPI auth extension)
+        )
         from .revocation import connect_signals
 
         connect_signals()
+        audit.connect_signals()

@@ -24,6 +24,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         key, membership = found
         # The key's tenant is fixed: a key never acts for another tenant of the same user.
         request._request.tenant_membership = membership
+        request._request.audit_api_key = key  # the audit log names the key an action used
         return key.user, key
 
     def authenticate_header(self, request):

@@ -116,3 +116,60 @@ class ApiKey(TenantOwnedModel):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class AuditEntryQuerySet(TenantScopedQuerySet):
+    """Entries are written once and never changed: bulk updates and deletes are refused."""
+
+    def update(self, **kwargs):
+        raise PermissionError("audit entries cannot be changed")
+
+    def delete(self):
+        raise PermissionError("audit entries cannot be deleted")
+
+
+class AuditEntry(models.Model):
+    """One thing someone did to a tenant's configuration, access or work (tenancy_app/audit.py):
+    who (a user, and the API key when one was used), what, to which object, the changed fields
+    before and after (secrets redacted), when and from where. Append-only: the product offers no
+    way to change or delete an entry. `tenant` empty: an operator's change to a global row."""
+
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Kept as written: the entry still says who it was after the account or key is gone.
+    actor_username = models.CharField(max_length=150, blank=True)
+    actor_api_key = models.ForeignKey(
+        "ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_api_key_name = models.CharField(max_length=100, blank=True)
+    action = models.CharField(max_length=64, db_index=True)
+    object_type = models.CharField(max_length=100, blank=True)
+    object_id = models.CharField(max_length=64, blank=True)
+    object_repr = models.CharField(max_length=200, blank=True)
+    # {field: {"before": …, "after": …}}; a secret shows only that it changed ("[redacted]").
+    changes = models.JSONField(default=dict, blank=True)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    user_agent = models.CharField(max_length=300, blank=True)
+
+    objects = AuditEntryQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        verbose_name_plural = "audit entries"
+        indexes = [models.Index(fields=["tenant", "-at", "-id"], name="audit_tenant_at")]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_username or 'system'}: {self.action} {self.object_repr}"
+        )
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise PermissionError("audit entries cannot be changed")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise PermissionError("audit entries cannot be deleted")

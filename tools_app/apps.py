@@ -9,6 +9,7 @@ class ToolsConfig(AppConfig):
         from django.db.models.signals import post_delete, post_migrate
 
         from approvals_app.policy import register_rule_vocabulary, register_tool_facts
+        from tenancy_app.audit import track_changes
         from tenancy_app.versioning import track_configuration
 
         from .catalog import policy_facts_for, rule_vocabulary
@@ -21,6 +22,7 @@ class ToolsConfig(AppConfig):
         register_tool_facts(policy_facts_for)
         register_rule_vocabulary(rule_vocabulary)  # the rule editor's tool and tool set suggestions
         track_configuration(MCPServer, ToolSet, Tool, SandboxPolicy, Secret)
+        track_changes(MCPServer, ToolSet, Tool, SandboxPolicy, Secret)
         # The MCP SDK is not imported here (about a second of every process start): the pool and
         # the client load it with the first MCP connection.
 

@@ -4,29 +4,16 @@ everyone's (`?user=<username>` narrows it to one member)."""
 
 from __future__ import annotations
 
-from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import ParameterError
+from config.api import ParameterError, query_moment
 from tenancy_app.choices import ADMIN_ROLES
 from tenancy_app.models import Membership
 
 from .. import usage
-
-
-def _moment(name: str, raw: str | None):
-    if not raw:
-        return None
-    try:
-        value = parse_datetime(raw) if "T" in raw or " " in raw else parse_date(raw)
-    except ValueError:  # well formed, but no such day or time (2026-13-45)
-        value = None
-    if value is None:
-        raise ParameterError(name, "must be a date (2026-12-01) or an ISO 8601 date and time")
-    return value
 
 
 class UsageRowSerializer(serializers.Serializer):
@@ -64,7 +51,9 @@ class UsageView(APIView):
         group_by = params.get("group_by", "day")
         if group_by not in usage.GROUPS:
             raise ParameterError("group_by", f"must be one of {', '.join(usage.GROUPS)}")
-        within = usage.period(_moment("from", params.get("from")), _moment("to", params.get("to")))
+        within = usage.period(
+            query_moment("from", params.get("from")), query_moment("to", params.get("to"), end_of_day=True)
+        )
         if within.since >= within.until:
             raise ParameterError("from", "must be before `to`")
         user_id = self._whose(request)

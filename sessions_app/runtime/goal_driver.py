@@ -43,6 +43,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from tenancy_app import audit
 from tools_app.registry import GOAL_TOOL
 
 from ..choices import (
@@ -138,6 +139,20 @@ def start(
             tokens_at_start=session_tokens(session.pk),
             created_by=person,
         )
+        audit.record(
+            "goal_run.started",
+            tenant_id=session.tenant_id,
+            obj=run,
+            changes={
+                name: {"after": value}
+                for name, value in (
+                    ("goal", goal[:500]),
+                    ("max_rounds", max_rounds),
+                    ("token_budget", token_budget),
+                    ("wall_clock_seconds", wall_clock_seconds),
+                )
+            },
+        )
         emit(
             session,
             "goal.started",
@@ -204,6 +219,12 @@ def stop(session_id, user=None) -> GoalRun:
             f"stopped by {_name(user) or 'a person'}",
             run.rounds_done,
             withdrawn=withdrawn,
+        )
+        audit.record(
+            "goal_run.stopped",
+            tenant_id=session.tenant_id,
+            obj=run,
+            changes={"rounds_done": {"after": run.rounds_done}},
         )
     return run
 

@@ -37,6 +37,7 @@ import anyio
 import httpx2
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -52,6 +53,7 @@ from mcp.shared.auth import (
 )
 from mcp.shared.exceptions import MCPDeprecationWarning
 
+from tenancy_app import audit
 from tenancy_app.crypto import decrypt, encrypt
 from tools_app.models import MCPOAuthAttempt, MCPOAuthGrant, MCPServer
 from tools_app.net import (
@@ -631,6 +633,7 @@ def connect_server(
     """
     if not server.uses_oauth:
         return ConnectStart(message=f"MCP server {server.name!r} does not use OAuth.", ok=False)
+    audit.record("mcp_oauth.connect_started", tenant_id=server.tenant_id, obj=server)
     handoff: Future[ConnectStart] = Future()
     thread = threading.Thread(
         target=_run_connect,
@@ -690,6 +693,13 @@ def _run_connect(server_id: int, user_id: int, redirect_uri: str, handoff: Futur
 
         result = refresh_server(server)
         message = f"{server.name}: connected; {len(result.tools)} tool(s)."
+        # This thread serves no request: the entry names the admin who pressed Connect.
+        audit.record(
+            "mcp_oauth.connected",
+            tenant_id=server.tenant_id,
+            obj=server,
+            user=get_user_model()._default_manager.filter(pk=user_id).first(),
+        )
         _finish_attempt(state_box.get("state"), MCPOAuthAttempt.Status.CONNECTED, message)
         if not handoff.done():
             handoff.set_result(ConnectStart(message=message))
@@ -880,6 +890,7 @@ def do_revoke(server: MCPServer, user) -> Revocation:
             lost_reason=f"revoked by {who}"[:300],
             updated_at=timezone.now(),
         )
+        audit.record("mcp_oauth.revoked", tenant_id=server.tenant_id, obj=server)
     upstream, ok = _revoke_upstream(server, grant, tokens)
     logger.info("MCP server %s: stored tokens revoked by %s; %s", server.pk, who, upstream)
     return Revocation(had_tokens=True, upstream=upstream, upstream_ok=ok)
