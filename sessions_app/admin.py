@@ -14,7 +14,7 @@ from tenancy_app.crypto import encrypt
 from tools_app.net import OutboundRefused, check_url
 from tools_app.secrets import tenant_redactor
 
-from . import quotas
+from . import quotas, usage
 from .models import (
     Checkpoint,
     Delivery,
@@ -350,6 +350,19 @@ class ModelCallAdmin(ReadOnlyTenantScopedAdmin):
     ]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter), "purpose", "finish_reason", "model"]
     date_hierarchy = "started_at"
+
+    def changelist_view(self, request, extra_context=None):
+        """Above the list: usage totals of the calls it shows, by model and by user."""
+        response = super().changelist_view(request, extra_context)
+        changelist = getattr(response, "context_data", {}).get("cl")
+        if changelist is not None:
+            listed = changelist.queryset.order_by()
+            response.context_data["usage_totals"] = [
+                ("Model", usage.totals_of(listed, "model")),
+                ("User", usage.totals_of(listed, "user")),
+            ]
+            response.context_data["usage_currency"] = usage.currency()
+        return response
 
 
 @admin.register(Delivery)

@@ -149,3 +149,23 @@ def test_a_period_selects_the_calls_started_within_it(
     assert rows(api_owner_a, group_by="day", **{"from": today.isoformat(), "to": today.isoformat()})
     earlier = (today.replace(year=today.year - 1)).isoformat()
     assert rows(api_owner_a, group_by="day", **{"from": earlier, "to": earlier}) == {}
+
+
+def test_admin_lists_the_calls_with_their_usage_totals(owner_a, tenant_a, model_config_a, model_server, outsider_b):
+    from django.test import Client
+
+    from sessions_app.runtime import engine
+
+    price(model_config_a, "2", "8")
+    answer(new_session(tenant_a, owner_a, title="listed"), model_server, prompt=1000, completion=100)
+    engine.create_session(tenant=outsider_b.memberships.get().tenant, owner=outsider_b, title="theirs")
+    admin = Client()
+    admin.force_login(owner_a)
+    response = admin.get("/admin/sessions_app/modelcall/")
+    assert response.status_code == 200
+    by_model, by_user = response.context["usage_totals"]
+    assert [(row["key"], row["prompt_tokens"], row["cost"]) for row in by_model[1]] == [
+        ("scripted-model", 1000, pytest.approx(0.0028))
+    ]
+    assert [row["key"] for row in by_user[1]] == ["owner_a"]
+    assert b"Usage of the calls listed" in response.content
