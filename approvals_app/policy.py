@@ -35,6 +35,7 @@ from fnmatch import fnmatchcase
 
 from django.db import IntegrityError, transaction
 
+from tenancy_app import audit
 from tenancy_app.choices import ADMIN_ROLES
 
 from .choices import PolicyAction, Risk, ToolSource
@@ -252,7 +253,8 @@ def ensure_default_policy(tenant) -> ApprovalPolicy:
     if existing is not None:
         return existing
     try:
-        with transaction.atomic():
+        # The product seeds it, whoever's request it happens in: one entry, no actor.
+        with transaction.atomic(), audit.as_one_entry():
             policy = ApprovalPolicy.objects.create(
                 tenant=tenant,
                 name=DEFAULT_POLICY_NAME,
@@ -270,6 +272,7 @@ def ensure_default_policy(tenant) -> ApprovalPolicy:
                     expires_after_hours=DEFAULT_EXPIRY_HOURS,
                     reason=reason,
                 )
+            audit.record("approvalpolicy.seeded", tenant_id=tenant.pk, obj=policy, by_product=True)
     except IntegrityError:  # a concurrent caller seeded it first
         return ApprovalPolicy.objects.for_tenant(tenant).get(name=DEFAULT_POLICY_NAME)
     return policy

@@ -132,11 +132,13 @@ def record(
     changes: dict | None = None,
     user=None,
     request=None,
+    by_product: bool = False,
 ) -> AuditEntry:
     """Append one entry. `user`: who acted when it is not the request's user (a sign-in happens
-    before the request has one)."""
+    before the request has one). `by_product`: the product acted on its own (seeding a default),
+    whatever request it happened in: no actor."""
     request = request if request is not None else current_request()
-    actor = _actor(request)
+    actor = {} if by_product else _actor(request)
     if user is not None:
         actor["actor_user_id"], actor["actor_username"] = user.pk, user.get_username()
     if obj is not None:

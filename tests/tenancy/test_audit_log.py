@@ -339,3 +339,11 @@ def test_entries_cannot_be_changed_or_deleted_through_the_product(api_owner_a, o
     with pytest.raises(PermissionError):
         entries.delete()
     assert AuditEntry.objects.filter(pk=entry.pk, action="api_key.created").exists()
+
+
+def test_the_default_policy_the_product_seeds_is_one_entry_of_its_own(api_owner_a, tenant_a):
+    start()
+    assert api_owner_a.post("/api/v1/sessions/", {"title": "first"}, format="json").status_code == 201
+    seeded = only("approvalpolicy.seeded", tenant_a)
+    assert seeded.actor_username == "" and seeded.actor_api_key_id is None  # not the caller's doing
+    assert not AuditEntry.objects.filter(id__gt=_mark, action__startswith="approvalrule.").exists()

@@ -295,7 +295,7 @@ export function quotaExceededNote(seq, data, live) {
         dataset: { testid: "quota-exceeded" },
         attrs: { role: "status" },
       },
-      el("span", { className: "turn-note-icon", attrs: { "aria-hidden": "true" }, text: "⏸" }),
+      el("span", { className: "turn-note-icon", attrs: { "aria-hidden": "true" }, text: "‖" }),
       el(
         "div",
         { className: "turn-note-lines" },
