@@ -89,9 +89,25 @@ def spent(tenant_id, user_id: int | None, quota_rules, now: datetime | None = No
     """The first of the quotas that apply to `user_id`'s Sessions (the tenant's and the user's
     own) that is spent now, or None. One query, and none when no quota applies."""
     applying = [rule for rule in quota_rules if rule.user_id is None or rule.user_id == user_id]
+    for rule, tokens, cost in _used(tenant_id, applying, now or timezone.now()):
+        scope = "tenant" if rule.user_id is None else "user"
+        if rule.max_tokens is not None and tokens >= rule.max_tokens:
+            return Exceeded(rule.pk, scope, rule.period, "tokens", rule.max_tokens, tokens)
+        if rule.max_cost is not None and cost >= rule.max_cost:
+            return Exceeded(rule.pk, scope, rule.period, "cost", float(rule.max_cost), float(cost))
+    return None
+
+
+def standing(tenant_id, quota_rules, now: datetime | None = None) -> list[tuple[QuotaRule, int, Decimal]]:
+    """Each quota with what its period has used so far: (rule, tokens, cost). One query."""
+    return _used(tenant_id, list(quota_rules), now or timezone.now())
+
+
+def _used(tenant_id, applying: list[QuotaRule], now: datetime) -> list[tuple[QuotaRule, int, Decimal]]:
+    """What each quota's current period has used (tokens, cost), in one aggregate over the
+    tenant's calls since the earliest period start; nothing to ask when no quota applies."""
     if not applying:
-        return None
-    now = now or timezone.now()
+        return []
     sums = {}
     for rule in applying:
         within = Q(started_at__gte=period_start(rule.period, now))
@@ -101,15 +117,9 @@ def spent(tenant_id, user_id: int | None, quota_rules, now: datetime | None = No
         sums[f"cost_{rule.pk}"] = Sum("cost", filter=within)
     earliest = min(period_start(rule.period, now) for rule in applying)
     used = ModelCall.objects.for_tenant(tenant_id).filter(started_at__gte=earliest).aggregate(**sums)
-    for rule in applying:
-        scope = "tenant" if rule.user_id is None else "user"
-        tokens = used[f"tokens_{rule.pk}"] or 0
-        cost = used[f"cost_{rule.pk}"] or Decimal(0)
-        if rule.max_tokens is not None and tokens >= rule.max_tokens:
-            return Exceeded(rule.pk, scope, rule.period, "tokens", rule.max_tokens, tokens)
-        if rule.max_cost is not None and cost >= rule.max_cost:
-            return Exceeded(rule.pk, scope, rule.period, "cost", float(rule.max_cost), float(cost))
-    return None
+    return [
+        (rule, used[f"tokens_{rule.pk}"] or 0, used[f"cost_{rule.pk}"] or Decimal(0)) for rule in applying
+    ]
 
 
 def spent_for_session(session) -> Exceeded | None:

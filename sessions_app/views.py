@@ -2,23 +2,30 @@
 everything live (messages, plan, status, events) comes from the REST API and the
 Session WebSocket, read by static/js with the browser session."""
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.templatetags.static import static
+from django.utils import timezone
 from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_safe
 
 from tenancy_app.access import SESSION_TENANT_KEY, resolve_membership
 from tenancy_app.choices import ADMIN_ROLES
+from tenancy_app.models import Membership
 from tools_app.registry import DELEGATE_TOOL, default_tool_names
 
-from . import usage, usage_charts
+from . import quotas, usage, usage_charts
 from .api.serializers import GoalRunCreateSerializer, GoalRunSerializer
 from .choices import MemoryKind, SessionKind, SessionStatus
 from .models import Session
 from .runtime import goal_driver
+
+# The periods the Usage page offers, in days.
+USAGE_PERIODS = ("7", "30", "90")
 
 # How many logged events before the page's snapshot the activity log shows on open.
 EVENT_LOG_BACKLOG = 300
@@ -174,8 +181,21 @@ def usage_page(request):
     if membership is None:
         return render(request, "workspace/usage.html", {})
     user_id = None if membership.role in ADMIN_ROLES else request.user.pk
-    within = usage.period(None, None)
+    days_shown = request.GET.get("days", "30")
+    days_shown = int(days_shown) if days_shown in USAGE_PERIODS else 30
+    within = usage.period(timezone.now() - timedelta(days=days_shown), None)
     currency = usage.currency()
+    rules = [
+        rule
+        for rule in quotas.rules(membership.tenant_id)
+        # A member sees the quotas that apply to them; admins every quota of the tenant.
+        if user_id is None or rule.user_id in (None, user_id)
+    ]
+    names = dict(
+        Membership.objects.for_tenant(membership.tenant_id)
+        .filter(user_id__in=[rule.user_id for rule in rules if rule.user_id])
+        .values_list("user_id", "user__username")
+    )
 
     def totals(group_by):
         return usage.totals(membership.tenant_id, group_by, within, user_id=user_id)
@@ -202,5 +222,20 @@ def usage_page(request):
             "days": days,
             "users": users,
             "models": models,
+            "days_shown": days_shown,
+            "periods": USAGE_PERIODS,
+            "quotas": [
+                {
+                    "whose": names.get(rule.user_id, "?") if rule.user_id else "the whole organisation",
+                    "period": rule.period,
+                    "max_tokens": rule.max_tokens,
+                    "max_cost": rule.max_cost,
+                    "tokens": tokens,
+                    "cost": cost,
+                    "spent": (rule.max_tokens is not None and tokens >= rule.max_tokens)
+                    or (rule.max_cost is not None and cost >= rule.max_cost),
+                }
+                for rule, tokens, cost in quotas.standing(membership.tenant_id, rules)
+            ],
         },
     )

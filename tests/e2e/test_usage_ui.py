@@ -114,3 +114,15 @@ def test_a_spent_quota_shows_a_card_naming_the_limit_and_keeps_the_message(page,
     expect(page.locator("[data-testid=message][data-role=user]").last).to_contain_text("And the yearly ones?")
     page.reload()
     expect(page.get_by_test_id("quota-exceeded")).to_have_count(1)
+
+
+def test_the_usage_page_shows_the_quotas_that_apply_and_other_periods(page, stack):
+    log_in(page, "carol", "carol-password-1")
+    page.goto("/usage/")
+    [quota] = page.get_by_test_id("usage-quota").all()
+    expect(quota).to_contain_text("carol")
+    expect(quota).to_contain_text("1000 tokens")
+    page.get_by_test_id("usage-days").select_option("7")
+    page.get_by_role("button", name="Show").click()
+    expect(page).to_have_url(re.compile(r"/usage/\?days=7$"))
+    expect(page.get_by_test_id("usage-page")).to_contain_text("the last 7 days")
