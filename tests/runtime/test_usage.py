@@ -151,7 +151,9 @@ def test_a_period_selects_the_calls_started_within_it(
     assert rows(api_owner_a, group_by="day", **{"from": earlier, "to": earlier}) == {}
 
 
-def test_admin_lists_the_calls_with_their_usage_totals(owner_a, tenant_a, model_config_a, model_server, outsider_b):
+def test_admin_lists_the_calls_with_their_usage_totals(
+    owner_a, tenant_a, model_config_a, model_server, outsider_b
+):
     from django.test import Client
 
     from sessions_app.runtime import engine
