@@ -19,11 +19,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The real OpenID Connect provider the sign-in tests run on loopback (tests/support/oidc.py).
+OIDC_PROVIDER := tests/support/oidc_provider
+$(OIDC_PROVIDER)/node_modules/.installed: $(OIDC_PROVIDER)/package-lock.json
+	npm ci --prefix $(OIDC_PROVIDER) --no-audit --no-fund --loglevel=error
+	@touch $@
+
 run: install migrate
 	$(PY) manage.py seed_demo
 	$(PY) manage.py runstack --host $(HOST) --port $(PORT)
 
-test: install
+test: install $(OIDC_PROVIDER)/node_modules/.installed
 	$(PY) manage.py collectstatic --noinput -v0
 	@# Every worker, web and sandboxed server a test starts imports the project: with bytecode
 	@# cached (PYTHONDONTWRITEBYTECODE cleared) none of them compiles it again.

@@ -135,7 +135,9 @@ MIDDLEWARE = [
 AUTHENTICATION_BACKENDS = [
     # Counts failed logins and refuses further attempts once the limit is reached.
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # Passwords, unless every tenant of the user turned them off (single sign-on only).
+    "tenancy_app.backends.PasswordBackend",
+    "tenancy_app.backends.SingleSignOnBackend",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -153,6 +155,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "tenancy_app.context_processors.current_tenant",
+                "tenancy_app.context_processors.sign_in",
             ],
         },
     },
@@ -343,6 +346,18 @@ XAGENT_STEP_TIME_LIMIT = _positive_int("XAGENT_STEP_TIME_LIMIT", 900)
 # Running Sessions per tenant at once; the tenant's other Sessions wait as `queued` (reason
 # `tenant_limit`) until one of its runners is done, so one tenant cannot take every thread.
 XAGENT_TENANT_MAX_RUNNING = _positive_int("XAGENT_TENANT_MAX_RUNNING", 200)
+
+# Sign-in with an OpenID Connect provider (tenancy_app/oidc.py); off while the issuer is empty.
+XAGENT_OIDC_ISSUER = env.str("XAGENT_OIDC_ISSUER", default="").rstrip("/")
+XAGENT_OIDC_CLIENT_ID = env.str("XAGENT_OIDC_CLIENT_ID", default="")
+XAGENT_OIDC_CLIENT_SECRET = env.str("XAGENT_OIDC_CLIENT_SECRET", default="")
+XAGENT_OIDC_SCOPES = env.str("XAGENT_OIDC_SCOPES", default="openid profile email groups")
+XAGENT_OIDC_NAME = env.str("XAGENT_OIDC_NAME", default="single sign-on")
+XAGENT_OIDC_GROUPS_CLAIM = env.str("XAGENT_OIDC_GROUPS_CLAIM", default="groups")
+# Which groups make whom a member of which tenant: "group=tenant-slug:role, …" (role: owner,
+# admin or member; several rules for one tenant: the highest role wins).
+XAGENT_OIDC_ROLE_RULES = env.str("XAGENT_OIDC_ROLE_RULES", default="")
+XAGENT_OIDC_TIMEOUT = env.float("XAGENT_OIDC_TIMEOUT", default=10.0)
 # The currency ModelConfig prices are in and usage costs are reported in (`/usage/`).
 XAGENT_USAGE_CURRENCY = env.str("XAGENT_USAGE_CURRENCY", default="USD")
 XAGENT_EMBEDDED_WORKER_THREADS = _positive_int("XAGENT_EMBEDDED_WORKER_THREADS", 100)

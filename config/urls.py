@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from tenancy_app import views as tenancy_views
 from tools_app import views as tools_views
 
 from . import views
@@ -22,6 +23,8 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("mcp/oauth/callback/", tools_views.oauth_callback, name="mcp_oauth_callback"),
+    path("accounts/oidc/login/", tenancy_views.oidc_login, name="oidc_login"),
+    path("accounts/oidc/callback/", tenancy_views.oidc_callback, name="oidc_callback"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include(api_v1)),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

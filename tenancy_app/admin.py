@@ -138,7 +138,7 @@ def _is_global(obj) -> bool:
 
 @admin.register(Tenant)
 class TenantAdmin(TenantScopedAdmin):
-    list_display = ["slug", "name", "auto_resume_after_recovery", "created_at"]
+    list_display = ["slug", "name", "auto_resume_after_recovery", "password_sign_in", "created_at"]
     search_fields = ["slug", "name"]
 
     def has_add_permission(self, request):

@@ -28,16 +28,18 @@ from django.db import models
 from django.db.models.signals import post_delete, post_save, pre_save
 from django.http import StreamingHttpResponse
 
-from .models import ApiKey, AuditEntry
+from .models import ApiKey, AuditEntry, Tenant
 
 logger = logging.getLogger(__name__)
 
 REDACTED = "[redacted]"
 # Fields never worth an entry: bookkeeping the product itself keeps up to date.
 IGNORED_FIELDS = {"updated_at", "last_used_at", "config_version", "token_version", "created_at"}
-# A field whose name says it holds a secret is shown only as changed (`max_tokens` is a number).
-SECRET_MARKERS = ("secret", "password", "encrypted", "credential")
-SECRET_SUFFIXES = ("_token", "_key", "_hash")
+# A field whose name says it holds a secret is shown only as changed (`max_tokens` is a number,
+# `password_sign_in` a setting).
+SECRET_MARKERS = ("secret", "encrypted", "credential")
+SECRET_NAMES = ("password", "token", "api_key")
+SECRET_SUFFIXES = ("_password", "_token", "_key", "_hash")
 # In JSON fields (headers, environments), keys like these hold secrets too.
 SECRET_KEYS = ("authorization", "secret", "password", "token", "key", "cookie", "credential")
 MAX_VALUE_CHARS = 500
@@ -172,6 +174,8 @@ def track_changes(*tracked: type[models.Model], actions: dict | None = None) -> 
 
 
 def _tenant_of(instance) -> int | None:
+    if isinstance(instance, Tenant):
+        return instance.pk  # a tenant's own settings are its log's
     return getattr(instance, "tenant_id", None)
 
 
@@ -286,6 +290,7 @@ def connect_signals() -> None:
 
     from .models import Membership
 
+    track_changes(Tenant)
     user_logged_in.connect(signed_in, dispatch_uid="audit-signed-in", weak=False)
     user_login_failed.connect(sign_in_failed, dispatch_uid="audit-sign-in-failed", weak=False)
     track_changes(Membership, actions={Membership: membership_action})

@@ -1,4 +1,11 @@
+from django.conf import settings
+
 from .access import SESSION_TENANT_KEY, list_memberships
+
+
+def sign_in(request):
+    """The login page's single sign-on button (tenancy_app/oidc.py)."""
+    return {"oidc_enabled": bool(settings.XAGENT_OIDC_ISSUER), "oidc_name": settings.XAGENT_OIDC_NAME}
 
 
 def current_tenant(request):

@@ -21,6 +21,13 @@ slug_validator = RegexValidator(
 class Tenant(models.Model):
     slug = models.CharField(max_length=50, unique=True, validators=[slug_validator])
     name = models.CharField(max_length=200)
+    # Off: this tenant's members sign in only through the OpenID Connect provider (a member of
+    # several tenants keeps passwords while any of them allows them).
+    password_sign_in = models.BooleanField(
+        "password sign-in",
+        default=True,
+        help_text="Off: members sign in only with single sign-on (needs XAGENT_OIDC_ISSUER).",
+    )
     # Bumped by every change of what configures this tenant's Sessions (models, tools, secrets,
     # policies: tenancy_app.versioning). A running slice caches that configuration and checks this
     # number in each step's fenced commit, so a change applies from the next model request.
@@ -173,3 +180,25 @@ class AuditEntry(models.Model):
 
     def delete(self, *args, **kwargs):
         raise PermissionError("audit entries cannot be deleted")
+
+
+class OIDCIdentity(models.Model):
+    """Who a user is at the OpenID Connect provider (issuer + subject): how a returning user is
+    recognised. Created at the first sign-in (tenancy_app/oidc.py); never matched by username
+    or email, so nobody signs in to an existing local account by choosing its name at the IdP."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identities"
+    )
+    issuer = models.CharField(max_length=300)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_sign_in_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="unique_oidc_identity")]
+        verbose_name = "OIDC identity"
+        verbose_name_plural = "OIDC identities"
+
+    def __str__(self) -> str:
+        return f"{self.user} at {self.issuer}"
