@@ -5,8 +5,10 @@ as a download instead of a page (at most EXPORT_LIMIT, newest first)."""
 
 from __future__ import annotations
 
+import json
+
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers
+from rest_framework import renderers, serializers
 from rest_framework.generics import ListAPIView
 
 from config.api import CursorPagination, ParameterError, query_moment
@@ -42,24 +44,37 @@ class AuditEntrySerializer(serializers.ModelSerializer):
         return audit.actor_of(entry)
 
 
+class _ExportRenderer(renderers.BaseRenderer):
+    """Declares an export's media type (the download itself is streamed by `audit.export_response`);
+    a page asked for in it (`Accept`) comes as JSON text, errors too."""
+
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return json.dumps(data, default=str).encode()
+
+
+class CSVRenderer(_ExportRenderer):
+    media_type, format = "text/csv", "csv"
+
+
+class JSONLinesRenderer(_ExportRenderer):
+    media_type, format = "application/x-ndjson", "jsonl"
+
+
 class NewestFirst(CursorPagination):
     ordering = ("-at", "-id")
 
 
-@extend_schema(
-    parameters=[
-        OpenApiParameter("actor", str, description="username"),
-        OpenApiParameter("action", str, description="exact, or a prefix ending in '.', e.g. api_key."),
-        OpenApiParameter("object_type", str, description="e.g. sessions_app.modelconfig"),
-        OpenApiParameter("from", str, description="date or date-time"),
-        OpenApiParameter("to", str, description="date (that whole day) or date-time"),
-        OpenApiParameter(
-            "export", str, enum=["csv", "jsonl"], description="download every match instead of a page"
-        ),
-    ]
-)
 class AuditLogView(ListAPIView):
     permission_classes = [IsTenantAdmin]
+    # JSON first: what a client gets unless it asks (`?export=`) for a download.
+    renderer_classes = [
+        renderers.JSONRenderer,
+        renderers.BrowsableAPIRenderer,
+        CSVRenderer,
+        JSONLinesRenderer,
+    ]
     serializer_class = AuditEntrySerializer
     pagination_class = NewestFirst
 
@@ -86,6 +101,21 @@ class AuditLogView(ListAPIView):
         if until is not None:
             entries = entries.filter(at__lt=until)
         return entries.order_by("-at", "-id")
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("actor", str, description="username"),
+            OpenApiParameter("action", str, description="exact, or a prefix ending in '.', e.g. api_key."),
+            OpenApiParameter("object_type", str, description="e.g. sessions_app.modelconfig"),
+            OpenApiParameter("from", str, description="date or date-time"),
+            OpenApiParameter("to", str, description="date (that whole day) or date-time"),
+            OpenApiParameter(
+                "export", str, enum=["csv", "jsonl"], description="download every match instead of a page"
+            ),
+        ]
+    )
+    def get(self, request, *args, **kwargs):
+        return self.list(request, *args, **kwargs)
 
     def list(self, request, *args, **kwargs):
         export = request.query_params.get("export")
