@@ -452,7 +452,11 @@ def _advance(agent: AgentService) -> Progress:
         if boundary.status not in engine.ACTIVE_STATUSES:
             return Progress()  # parked: new messages wait until the turn ends
         if boundary.status == SessionStatus.PREPARING:
-            # A sub-Session's turn is understood (and its capabilities orchestrated) first.
+            # A sub-Session's turn is understood (and its capabilities orchestrated) first: model
+            # calls too, so a spent quota parks the Session before them (it prepares on resuming).
+            spent = quotas.spent_for_session(Session.objects.only("tenant_id", "owner_id").get(pk=session_id))
+            if spent is not None:
+                return Progress(quota_spent=spent)
             outer_loop.prepare_turn(agent, boundary.turn_id)
             return Progress(steps=1, consumed=boundary.consumed)
         agent.prepare(boundary.turn_id)

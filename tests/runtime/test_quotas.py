@@ -158,3 +158,33 @@ def test_a_step_checks_only_where_a_quota_applies(tenant_a, owner_a, member_a, m
     assert usage_queries(new_session(tenant_a, owner_a)) == 0
     Quota.objects.create(tenant=tenant_a, period="day", max_tokens=10**9)
     assert usage_queries(new_session(tenant_a, owner_a)) == 1  # one model call, one check
+
+
+def test_a_sub_sessions_turn_is_not_prepared_on_a_spent_quota_and_is_prepared_when_raised(
+    tenant_a, owner_a, model_config_a, model_server
+):
+    """The outer loop's calls (task understanding, orchestration) are model calls too."""
+    from tests.runtime.test_task_understanding import relation
+
+    main = new_session(tenant_a, owner_a, title="coordinator")
+    sub = new_session(tenant_a, owner_a, title="research", kind="sub", parent=main)
+    ModelCall.objects.create(  # the day's usage so far: the limit is reached
+        tenant=tenant_a, session=main, purpose="agent", provider="openai", model="m", prompt_tokens=5000
+    )
+    quota = Quota.objects.create(tenant=tenant_a, period="day", max_tokens=5000)
+    send(sub, "Research ComfyUI.")
+    drive_until_idle(sub)
+    assert (sub.status, sub.status_reason) == ("queued", "quota_exceeded")
+    assert not ModelCall.objects.filter(session=sub).exists()  # not even the understanding call
+
+    model_server.script("task_relation", relation("new_task"))
+    model_server.default(
+        "orchestrate", lambda request: text_reply('{"skills": [], "toolsets": [], "tools": []}')
+    )
+    model_server.script("agent", text_reply("Researched."))
+    quota.max_tokens = 10**6
+    quota.save()
+    drive_until_idle(sub)
+    assert sub.status == "idle"
+    purposes = list(ModelCall.objects.filter(session=sub).order_by("id").values_list("purpose", flat=True))
+    assert purposes[0] == "task_relation" and purposes[-1] == "agent"

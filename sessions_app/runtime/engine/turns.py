@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
-from ...choices import InputKind, QueueReason, Role, SessionKind, SessionStatus, TurnReason
-from ...models import Delivery, GoalRun, Input, Message, Session, Turn
+from ...choices import CallPurpose, InputKind, QueueReason, Role, SessionKind, SessionStatus, TurnReason
+from ...models import Delivery, GoalRun, Input, Message, ModelCall, Session, Turn
 from .. import deliveries, memory
 from ..events import emit, update_session
 from .elicitation import cancel_open_requests
@@ -49,6 +49,7 @@ def set_status(session: Session, status: str, reason: str = "") -> None:
 QUEUEABLE_STATUSES = (
     SessionStatus.IDLE,
     SessionStatus.RUNNING,
+    SessionStatus.PREPARING,  # leaving the queue, it prepares again if it had not (`leave_queue`)
     SessionStatus.INTERRUPTED,
     SessionStatus.FAILED,
     SessionStatus.QUEUED,
@@ -80,10 +81,29 @@ def park_for_quota(session_id, spent: dict) -> bool:
 
 
 def leave_queue(session_id, token) -> None:
-    """A runner took a `queued` Session: back to what it was doing (an open turn runs on)."""
+    """A runner took a `queued` Session: back to what it was doing (an open turn runs on; one the
+    outer loop has not prepared yet is prepared first)."""
     with locked_session(session_id, token) as session:
         if session.status == SessionStatus.QUEUED:
-            set_status(session, SessionStatus.RUNNING if session.current_turn_id else SessionStatus.IDLE)
+            if session.current_turn_id is None:
+                set_status(session, SessionStatus.IDLE)
+            elif _still_to_prepare(session):
+                set_status(session, SessionStatus.PREPARING, "understanding the task")
+            else:
+                set_status(session, SessionStatus.RUNNING)
+
+
+def _still_to_prepare(session: Session) -> bool:
+    """The open turn needs the outer loop's task understanding and has not had it: no
+    `task_relation` call was made for it (one that failed also moved the turn on)."""
+    started_by = Input.objects.filter(turn_id=session.current_turn_id).order_by("id").first()
+    return (
+        started_by is not None
+        and needs_understanding(session, started_by)
+        and not ModelCall.objects.filter(
+            turn_id=session.current_turn_id, purpose=CallPurpose.TASK_RELATION
+        ).exists()
+    )
 
 
 def fail_without_turn(session: Session) -> str:
