@@ -8,6 +8,7 @@ its side. Sessions run the tool through the real runtime with the scripted model
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from django.utils import timezone
 
 from sessions_app.models import Message, SessionEvent
 from tenancy_app.crypto import decrypt
+from tenancy_app.models import AuditEntry
 from tests.integration.processes import free_port, running
 from tests.mcp.test_mcp import wait_until_accepting
 from tests.runtime.helpers import drive_until_idle, new_session, send
@@ -277,6 +279,17 @@ def test_an_admin_revokes_and_the_next_call_fails_at_once(tenant_a, owner_a, oau
     assert authorization_status(server) == "connected"
     assert connection_for(server, {}).auth_key != key_before
     assert oauth_server.stats()["registrations"] == 1  # the registered client was kept
+
+    # The audit log has each of them once per time, with who did it and never a token.
+    log = AuditEntry.objects.for_tenant(tenant_a).filter(
+        object_id=str(server.pk), action__startswith="mcp_oauth."
+    )
+    assert sorted(log.values_list("action", "actor_username")) == sorted(
+        [("mcp_oauth.connect_started", "owner_a"), ("mcp_oauth.connected", "owner_a")] * 2
+        + [("mcp_oauth.revoked", "owner_a")]
+    )
+    tokens = json.dumps(stored_tokens(server))
+    assert all(tokens not in json.dumps(entry.changes) for entry in log)
 
 
 @pytest.mark.parametrize("method", ["client_secret_basic", "client_secret_post", "none"])
