@@ -20,7 +20,7 @@ from django.db import connection
 from django.http import Http404, JsonResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
-from rest_framework import exceptions, pagination, status
+from rest_framework import exceptions, negotiation, pagination, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
@@ -230,3 +230,15 @@ def query_moment(name: str, raw: str | None, *, end_of_day: bool = False):
     if isinstance(value, datetime):
         return value if timezone.is_aware(value) else timezone.make_aware(value)
     return timezone.make_aware(datetime.combine(value + timedelta(days=1) if end_of_day else value, time.min))
+
+
+class JSONOnlyNegotiation(negotiation.BaseContentNegotiation):
+    """A route that answers bytes it streams itself (a raw file, an export) or a JSON error,
+    whatever the client's `Accept` or `?format=` says (an `<img>` or an iframe asks for images or
+    HTML, and must not get a 406). Its other renderers only tell the schema its media types."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type

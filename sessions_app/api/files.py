@@ -23,7 +23,6 @@ from django.utils.http import content_disposition_header
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers, status
-from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.parsers import MultiPartParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
@@ -89,17 +88,6 @@ def path_error(exc: ToolError) -> exceptions.APIException:
     if exc.code == "workspace_missing":
         return exceptions.NotFound("This Session has no workspace yet.")
     return WorkspacePathError(exc)
-
-
-class JSONOnlyNegotiation(BaseContentNegotiation):
-    """The raw-file route answers bytes or a JSON error whatever the client's `Accept` says
-    (an `<img>` or an iframe asks for images or HTML, and must not get a 406)."""
-
-    def select_parser(self, request, parsers):
-        return parsers[0] if parsers else None
-
-    def select_renderer(self, request, renderers, format_suffix=None):
-        return renderers[0], renderers[0].media_type
 
 
 FILE_PATH_PARAMETER = OpenApiParameter(

@@ -1,7 +1,9 @@
 from django.urls import re_path
 from rest_framework.routers import SimpleRouter
 
-from .files import FILE_PARSERS, FILE_RENDERERS, JSONOnlyNegotiation
+from config.api import JSONOnlyNegotiation
+
+from .files import FILE_PARSERS, FILE_RENDERERS
 from .longpoll import session_events
 from .memories import MemoryViewSet
 from .pagination import HistoryPagination

@@ -11,7 +11,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import renderers, serializers
 from rest_framework.generics import ListAPIView
 
-from config.api import CursorPagination, ParameterError, query_moment
+from config.api import CursorPagination, JSONOnlyNegotiation, ParameterError, query_moment
 
 from .. import audit
 from ..models import AuditEntry
@@ -45,8 +45,8 @@ class AuditEntrySerializer(serializers.ModelSerializer):
 
 
 class _ExportRenderer(renderers.BaseRenderer):
-    """Declares an export's media type (the download itself is streamed by `audit.export_response`);
-    a page asked for in it (`Accept`) comes as JSON text, errors too."""
+    """Declares an export's media type for the schema: the download itself is streamed by
+    `audit.export_response`, and negotiation never picks this renderer (`AuditLogView`)."""
 
     charset = "utf-8"
 
@@ -68,13 +68,10 @@ class NewestFirst(CursorPagination):
 
 class AuditLogView(ListAPIView):
     permission_classes = [IsTenantAdmin]
-    # JSON first: what a client gets unless it asks (`?export=`) for a download.
-    renderer_classes = [
-        renderers.JSONRenderer,
-        renderers.BrowsableAPIRenderer,
-        CSVRenderer,
-        JSONLinesRenderer,
-    ]
+    # A page and an error are JSON whatever `Accept` or `?format=` say; the export renderers only
+    # tell the schema the media types `?export=` streams (audit.export_response).
+    renderer_classes = [renderers.JSONRenderer, CSVRenderer, JSONLinesRenderer]
+    content_negotiation_class = JSONOnlyNegotiation
     serializer_class = AuditEntrySerializer
     pagination_class = NewestFirst
 
